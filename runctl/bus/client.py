@@ -1,0 +1,457 @@
+"""The JetStream bus: streams, publishing with de-duplication, and durable consumers with a dead-letter path.
+
+Streams (created idempotently by every service at start, from the event catalogue):
+
+    RUNS        every lifecycle event except trials; kept until deleted
+    TRIALS      ``trial.finished`` (hundreds per step); bounded by age and size
+    DEADLETTER  messages a consumer gave up on, with the error in headers
+
+Publishing sets ``Nats-Msg-Id`` to the event id, so JetStream drops a repeat inside its duplicate window; every
+consumer is idempotent for repeats outside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+
+from runctl.errors import BusError, BusUnreachableError, EventError, PublishError
+from runctl.events.envelope import Event, parse_event
+from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
+from runctl.subjects import DEADLETTER_STREAM, deadletter_filter, deadletter_subject, event_filter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+_DAY_S = 86_400.0
+
+
+def nats_url(explicit: str | None = None) -> str:
+    """The bus URL: an explicit one, else ``$RUNCTL_NATS_URL``, else the embedded stack's, else the default."""
+    if explicit:
+        return explicit
+    if os.environ.get("RUNCTL_NATS_URL"):
+        return os.environ["RUNCTL_NATS_URL"]
+    from runctl.home import read_stack_state  # local: keeps import light for callers that pass a URL
+
+    state = read_stack_state()
+    return state.nats_url if state is not None else DEFAULT_URL
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """Retention limits of the TRIALS and DEADLETTER streams (RUNS keeps everything)."""
+
+    trials_max_age_s: float = 30 * _DAY_S
+    trials_max_bytes: int = 8 * 1024**3
+    deadletter_max_age_s: float = 30 * _DAY_S
+    duplicate_window_s: float = 120.0
+
+
+def stream_configs(limits: StreamLimits = StreamLimits()) -> list[api.StreamConfig]:
+    """The three streams, with subjects derived from the event catalogue."""
+    by_stream: dict[str, list[str]] = {RUNS_STREAM: [], TRIALS_STREAM: []}
+    for payload in PAYLOADS:
+        by_stream[payload.stream].append(event_filter(payload.event_name))
+    common: dict[str, Any] = {
+        "storage": api.StorageType.FILE,
+        "retention": api.RetentionPolicy.LIMITS,
+        "duplicate_window": limits.duplicate_window_s,
+    }
+    return [
+        api.StreamConfig(name=RUNS_STREAM, subjects=by_stream[RUNS_STREAM], **common),
+        api.StreamConfig(
+            name=TRIALS_STREAM,
+            subjects=by_stream[TRIALS_STREAM],
+            max_age=limits.trials_max_age_s,
+            max_bytes=limits.trials_max_bytes,
+            **common,
+        ),
+        api.StreamConfig(
+            name=DEADLETTER_STREAM, subjects=[deadletter_filter()], max_age=limits.deadletter_max_age_s, **common
+        ),
+    ]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """An event as delivered by a consumer, with the message to acknowledge."""
+
+    event: Event
+    msg: Msg
+
+    @property
+    def num_delivered(self) -> int:
+        return int(self.msg.metadata.num_delivered)
+
+    @property
+    def stream_seq(self) -> int:
+        return int(self.msg.metadata.sequence.stream)
+
+
+BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
+EventHandler = Callable[[Event], Awaitable[None]]
+
+
+@dataclass
+class ConsumerSpec:
+    """A durable pull consumer: explicit ack, bounded redelivery, dead letters after ``max_deliver`` tries."""
+
+    durable: str
+    stream: str
+    filter_subjects: list[str]
+    max_deliver: int = 5
+    ack_wait_s: float = 30.0
+    batch: int = 64
+    retry_delays_s: tuple[float, ...] = (0.5, 2.0, 5.0, 15.0)
+
+    def config(self) -> api.ConsumerConfig:
+        return api.ConsumerConfig(
+            durable_name=self.durable,
+            name=self.durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            max_deliver=self.max_deliver,
+            ack_wait=self.ack_wait_s,
+            filter_subjects=self.filter_subjects or None,
+            max_ack_pending=10_000,
+        )
+
+
+@dataclass
+class ConsumerStats:
+    handled: int = 0
+    errors: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    last_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _AckBatch:
+    """Acks of one pipelined batch, by position; wakes waiters as they arrive."""
+
+    def __init__(self, size: int) -> None:
+        self.results: list[api.PubAck | Exception | None] = [None] * size
+        self.received = 0
+        self._progress = asyncio.Event()
+
+    def resolve(self, index: int, result: api.PubAck | Exception) -> None:
+        if self.results[index] is None:
+            self.results[index] = result
+            self.received += 1
+            self._progress.set()
+
+    def outstanding(self, sent: int) -> int:
+        return sent - self.received
+
+    async def wait_below(self, sent_target: int, timeout_s: float) -> None:
+        async with asyncio.timeout(timeout_s):
+            while self.received < sent_target:
+                self._progress.clear()
+                await self._progress.wait()
+
+    async def wait_all(self, timeout_s: float) -> None:
+        await self.wait_below(len(self.results), timeout_s)
+
+
+class Bus:
+    """A connection to NATS with JetStream, speaking runctl events."""
+
+    def __init__(self, nc: NATS, url: str) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.url = url
+        self._window = 8_000
+        self._ack_prefix = ""
+        self._ack_seq = 0
+        self._ack_batches: dict[int, _AckBatch] = {}
+
+    @classmethod
+    async def connect(cls, url: str | None = None, *, name: str = "runctl", reconnect: bool = False) -> Bus:
+        """Connect to the bus.
+
+        Args:
+            url: NATS URL; see :func:`nats_url` for the default.
+            name: client name shown in the server's connection list.
+            reconnect: keep reconnecting forever after a lost connection (services); a CLI fails fast.
+
+        Raises:
+            BusUnreachableError: no server answered.
+        """
+        target = nats_url(url)
+        errors: list[Exception] = []
+
+        async def remember(error: Exception) -> None:
+            errors.append(error)
+            if reconnect:
+                log.warning("nats: %s", error)
+
+        try:
+            nc = await nats.connect(
+                target,
+                name=name,
+                connect_timeout=2,
+                allow_reconnect=reconnect,
+                # nats-py loops forever on 0; 1 means: try, wait reconnect_time_wait, try once more, give up.
+                max_reconnect_attempts=-1 if reconnect else 1,
+                reconnect_time_wait=0.5,
+                error_cb=remember,
+            )
+        except (OSError, TimeoutError, nats.errors.Error) as e:
+            reason = errors[-1] if errors else e
+            raise BusUnreachableError(target, str(reason) or type(reason).__name__) from e
+        return cls(nc, target)
+
+    async def ensure_streams(self, limits: StreamLimits = StreamLimits()) -> None:
+        """Create the streams, or bring an existing one's subjects and limits up to date. Safe to race."""
+        for config in stream_configs(limits):
+            try:
+                info = await self.js.stream_info(config.name)  # type: ignore[arg-type]
+            except nats.js.errors.NotFoundError:
+                try:
+                    await self.js.add_stream(config)
+                    continue
+                except nats.js.errors.BadRequestError:
+                    info = await self.js.stream_info(config.name)  # type: ignore[arg-type]  # lost a race
+            current = info.config
+            if (
+                sorted(current.subjects or []) != sorted(config.subjects or [])
+                or current.max_age != config.max_age
+                or current.max_bytes != config.max_bytes
+            ):
+                await self.js.update_stream(config)
+
+    async def publish(self, event: Event, timeout_s: float = 5.0) -> api.PubAck:
+        """Publish one event and wait for JetStream's acknowledgement.
+
+        Raises:
+            PublishError: no acknowledgement (no stream, timeout, server error).
+        """
+        try:
+            return await self.js.publish(
+                event.nats_subject,
+                event.to_json(),
+                timeout=timeout_s,
+                headers={"Nats-Msg-Id": event.id},
+            )
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as e:
+            raise PublishError(
+                f"{event.name} for run {event.runid} was not acknowledged by JetStream ({type(e).__name__}: {e}). "
+                "Fix: check `runctl status`; the event was not recorded.",
+                run_id=event.runid,
+                team=event.team,
+                subject=event.nats_subject,
+            ) from e
+
+    async def publish_many(self, events: Iterable[Event], timeout_s: float = 10.0) -> list[api.PubAck]:
+        """Publish many events pipelined, then wait for every acknowledgement.
+
+        Acks come back on one reply subscription, keyed by position, so a batch costs no per-message future,
+        token or semaphore; at most ``window`` publishes are unacknowledged at once.
+
+        Raises:
+            PublishError: any event was not acknowledged; the others may have been recorded.
+        """
+        batch = list(events)
+        if not batch:
+            return []
+        pending = _AckBatch(len(batch))
+        batch_id = await self._register(pending)
+        prefix = f"{self._ack_prefix}{batch_id}."
+        try:
+            for index, event in enumerate(batch):
+                if pending.outstanding(index) >= self._window:
+                    await pending.wait_below(index - self._window // 2, timeout_s)
+                await self.nc.publish(
+                    event.nats_subject, event.to_json(), reply=prefix + str(index), headers={"Nats-Msg-Id": event.id}
+                )
+            await pending.wait_all(timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._ack_batches.pop(batch_id, None)
+        acks: list[api.PubAck] = []
+        for event, result in zip(batch, pending.results, strict=True):
+            if not isinstance(result, api.PubAck):
+                error = result or TimeoutError(f"no ack within {timeout_s}s")
+                raise PublishError(
+                    f"{event.name} for run {event.runid} was not acknowledged ({type(error).__name__}: {error}).",
+                    run_id=event.runid,
+                    team=event.team,
+                    subject=event.nats_subject,
+                ) from error
+            acks.append(result)
+        return acks
+
+    async def _register(self, pending: _AckBatch) -> int:
+        if not self._ack_prefix:
+            self._ack_prefix = f"{self.nc._inbox_prefix.decode()}.{self.nc._nuid.next().decode()}."
+            await self.nc.subscribe(self._ack_prefix + ">", cb=self._on_ack)
+        self._ack_seq += 1
+        self._ack_batches[self._ack_seq] = pending
+        return self._ack_seq
+
+    async def _on_ack(self, msg: Msg) -> None:
+        batch_id, _, index = msg.subject[len(self._ack_prefix) :].partition(".")
+        pending = self._ack_batches.get(int(batch_id))
+        if pending is None:
+            return
+        result: api.PubAck | Exception
+        if not msg.data:
+            status = msg.headers.get("Status") if msg.headers else None
+            result = nats.js.errors.NoStreamResponseError() if status == "503" else PublishError(f"status {status}")
+        else:
+            doc = json.loads(msg.data)
+            error = doc.get("error")
+            result = nats.js.errors.APIError.from_error(error) if error else api.PubAck.from_response(doc)
+        pending.resolve(int(index), result)
+
+    async def consumer(self, spec: ConsumerSpec) -> Consumer:
+        """Create (or update) a durable consumer and bind to it."""
+        try:
+            await self.js.add_consumer(spec.stream, config=spec.config())
+            sub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
+        except nats.js.errors.Error as e:
+            raise BusError(f"cannot create consumer {spec.durable} on {spec.stream}: {e}") from e
+        return Consumer(self, spec, sub)
+
+    async def dead_letter(self, consumer: str, msg: Msg, error: BaseException) -> None:
+        """Park a message the consumer gave up on, with why, in the DEADLETTER stream."""
+        headers = {
+            "Runctl-Original-Subject": msg.subject,
+            "Runctl-Error-Type": type(error).__name__,
+            "Runctl-Error": str(error)[:1000].replace("\r", " ").replace("\n", " "),
+        }
+        try:
+            headers["Runctl-Stream-Seq"] = str(msg.metadata.sequence.stream)
+            headers["Runctl-Num-Delivered"] = str(msg.metadata.num_delivered)
+        except (ValueError, IndexError, AttributeError):
+            pass
+        await self.js.publish(deadletter_subject(consumer), msg.data, headers=headers)
+
+    async def drain(self) -> None:
+        """Stop subscriptions, deliver what is in flight, flush publishes, then close."""
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.close()
+
+
+class Consumer:
+    """Runs a handler over a durable pull consumer until stopped.
+
+    A batch is handed to the handler whole; if it raises, each event is retried alone so one poison message
+    cannot hold back the others. A failing event is redelivered with growing delays and dead-lettered after
+    ``max_deliver`` attempts; a message that is not a valid event is dead-lettered at once.
+    """
+
+    def __init__(self, bus: Bus, spec: ConsumerSpec, sub: JetStreamContext.PullSubscription) -> None:
+        self.bus = bus
+        self.spec = spec
+        self.sub = sub
+        self.stats = ConsumerStats()
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        """Finish the batch in hand, then return from :meth:`run`."""
+        self._stop.set()
+
+    async def close(self) -> None:
+        """Drop the pull subscription once :meth:`run` has returned. Unacked messages are redelivered to the
+        durable consumer's next reader. (nats-py's drain of a pull subscription never completes, so services
+        close their consumers before draining the connection.)"""
+        try:
+            await self.sub.unsubscribe()
+        except nats.errors.Error as e:
+            log.debug("closing %s: %s", self.spec.durable, e)
+
+    async def run(self, handler: BatchHandler, fetch_timeout_s: float = 1.0) -> None:
+        while not self._stop.is_set():
+            try:
+                msgs = await self.sub.fetch(self.spec.batch, timeout=fetch_timeout_s)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                return
+            except nats.errors.Error as e:
+                log.warning("fetch on %s failed: %s", self.spec.durable, e)
+                await asyncio.sleep(0.2)
+                continue
+            await self._process(msgs, handler)
+
+    async def _process(self, msgs: list[Msg], handler: BatchHandler) -> None:
+        deliveries: list[Delivery] = []
+        for msg in msgs:
+            try:
+                deliveries.append(Delivery(parse_event(msg.data), msg))
+            except EventError as e:
+                self._record_error(e)
+                await self.bus.dead_letter(self.spec.durable, msg, e)
+                self.stats.dead_lettered += 1
+                await msg.term()
+        if not deliveries:
+            return
+        try:
+            await handler(deliveries)
+        except Exception as batch_error:  # isolate the failing event below
+            if len(deliveries) == 1:
+                await self._failed(deliveries[0], batch_error)
+                return
+            for delivery in deliveries:
+                try:
+                    await handler([delivery])
+                except Exception as e:  # recorded, and the message retried
+                    await self._failed(delivery, e)
+                else:
+                    await self._acked(delivery)
+            return
+        for delivery in deliveries:
+            await self._acked(delivery)
+
+    async def _acked(self, delivery: Delivery) -> None:
+        await delivery.msg.ack()
+        self.stats.handled += 1
+        if delivery.num_delivered > 1:
+            self.stats.redelivered += 1
+
+    async def _failed(self, delivery: Delivery, error: BaseException) -> None:
+        self._record_error(error)
+        attempt = delivery.num_delivered
+        if attempt >= self.spec.max_deliver:
+            log.error("dead-lettering %s after %d attempts: %s", delivery.msg.subject, attempt, error)
+            await self.bus.dead_letter(self.spec.durable, delivery.msg, error)
+            self.stats.dead_lettered += 1
+            await delivery.msg.term()
+            return
+        delays = self.spec.retry_delays_s
+        await delivery.msg.nak(delay=delays[min(attempt - 1, len(delays) - 1)])
+
+    def _record_error(self, error: BaseException) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{type(error).__name__}: {error}"
+        log.warning("%s: %s", self.spec.durable, self.stats.last_error)
+
+
+def each_event(handler: EventHandler) -> BatchHandler:
+    """Adapt a one-event handler to the batch interface (events handled in order)."""
+
+    async def handle(batch: list[Delivery]) -> None:
+        for delivery in batch:
+            await handler(delivery.event)
+
+    return handle

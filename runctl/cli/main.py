@@ -1,0 +1,367 @@
+"""The ``runctl`` command. Imports here stay light so ``runctl --help`` answers at once; each command imports
+what it needs. Errors: a RunctlError becomes one red ``ErrorType: message`` line and exit 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from runctl.config.loader import ResolvedConfig
+    from runctl.sdk import RunctlClient
+
+app = typer.Typer(
+    name="runctl",
+    help="Control plane for agentic RL runs: validate, submit, watch and cancel train, eval and infer runs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+T = TypeVar("T")
+ConfigArg = Annotated[Path, typer.Argument(help="The run's .env config.", show_default=False)]
+RunArg = Annotated[str, typer.Argument(help="Run id, as printed by `runctl submit` or `runctl runs`.")]
+
+
+def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 200
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """RunctlError → one red line on stderr and exit 1 (a config error lists every problem)."""
+    from runctl.errors import ConfigError, RunctlError
+
+    try:
+        yield
+    except ConfigError as e:
+        from runctl.cli.render import print_config_error
+
+        print_config_error(_console(stderr=True), e)
+        raise typer.Exit(1) from None
+    except RunctlError as e:
+        _console(stderr=True).print(f"[red]{type(e).__name__}[/]: {_escape(e.message)}")
+        raise typer.Exit(1) from None
+
+
+def _run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine under the CLI's error handling."""
+    with _errors():
+        return asyncio.run(coro_fn())
+
+
+def _call(fn: Callable[[], T]) -> T:
+    """Call a function under the CLI's error handling."""
+    with _errors():
+        return fn()
+
+
+def _escape(text: str) -> str:
+    return text.replace("[", "\\[")
+
+
+def _client() -> RunctlClient:
+    from runctl.sdk import RunctlClient
+
+    return RunctlClient()
+
+
+def _home() -> Path:
+    from runctl.home import home
+
+    return home()
+
+
+@app.command()
+def init(
+    run_type: Annotated[str, typer.Argument(help="train, eval or infer.")],
+    name: Annotated[str, typer.Argument(help="Experiment name; the file is NAME.env.")],
+    directory: Annotated[Path, typer.Option("--dir", help="Where to write it.")] = Path("."),
+    force: Annotated[bool, typer.Option(help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a config template for a new run, generated from the config models."""
+    from runctl.config.models import RUN_TYPES
+    from runctl.config.template import render_template
+
+    if run_type not in RUN_TYPES:
+        raise typer.BadParameter(f"{run_type!r} is not a run type; choose one of {', '.join(RUN_TYPES)}.")
+    target = directory / f"{name}.env"
+    if target.exists() and not force:
+        _console(stderr=True).print(f"[red]{target} exists[/]; pass --force to overwrite it.")
+        raise typer.Exit(1)
+    directory.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_template(run_type, name))
+    _console().print(f"wrote {target}: fill in the CHANGEME values, then `runctl validate {target}`.")
+
+
+def _load(config: Path) -> ResolvedConfig:
+    from runctl.config.loader import load_config
+
+    return load_config(config)
+
+
+@app.command()
+def validate(
+    config: ConfigArg,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    static: Annotated[bool, typer.Option(help="Only checks that need no cluster (all checks, for now).")] = False,
+) -> None:
+    """Check a config without launching anything. Exit 0: no fatal problem; 1: fatal problems."""
+    import json
+
+    from runctl.errors import ConfigError
+
+    try:
+        resolved = _load(config)
+    except ConfigError as e:
+        if json_out:
+            issues = [{**issue.__dict__, "severity": "fatal"} for issue in e.issues]
+            print(json.dumps({"ok": False, "checks": issues}, indent=2))
+        else:
+            from runctl.cli.render import print_config_error
+
+            print_config_error(_console(), e)
+        raise typer.Exit(1) from None
+    layers: dict[str, int] = {}
+    for setting in resolved.settings.values():
+        layers[setting.layer] = layers.get(setting.layer, 0) + 1
+    if json_out:
+        check = {"code": "schema.valid", "severity": "ok", "run_type": resolved.run_type, "layers": layers}
+        print(json.dumps({"ok": True, "checks": [check]}, indent=2))
+        return
+    counts = ", ".join(f"{n} from {layer}" for layer, n in layers.items())
+    _console().print(f"[green]✓[/] schema: {resolved.run_type} config is valid ({counts})")
+    _console().print("[green]0 fatal problems[/]")
+
+
+async def _watch(client: RunctlClient, run_id: str, first_event_timeout_s: float = 10.0) -> str | None:
+    """Print a run's events live until it ends; return the final event's name."""
+    from runctl.cli.render import event_line
+    from runctl.errors import RunNotFoundError
+
+    console = _console()
+    events = client.watch(run_id)
+    last: str | None = None
+    try:
+        first = await asyncio.wait_for(anext(events), first_event_timeout_s)
+    except (TimeoutError, StopAsyncIteration):
+        raise RunNotFoundError(
+            f"no events for run {run_id!r} on the bus within {first_event_timeout_s:.0f}s. "
+            "Fix: check the id with `runctl runs`.",
+            run_id=run_id,
+        ) from None
+    console.print(event_line(first))
+    last = first.name
+    async for event in events:
+        console.print(event_line(event))
+        last = event.name
+    return last
+
+
+@app.command()
+def submit(
+    config: ConfigArg,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Follow the run's events until it ends.")] = False,
+) -> None:
+    """Validate a config and submit the run. With PREFLIGHT_ONLY=1, only validate and publish nothing."""
+    resolved = _call(lambda: _load(config))
+    console = _console()
+    if resolved.model.preflight_only:
+        console.print("[green]✓[/] preflight passed (PREFLIGHT_ONLY=1): nothing was published or launched.")
+        return
+    if resolved.model.engine == "fake":
+        console.print("[magenta]ENGINE=fake[/]: no model runs; every number this run reports is synthetic.")
+
+    async def go() -> str | None:
+        async with _client() as client:
+            submitted = await client.submit(resolved, via="cli")
+            console.print(f"submitted [bold]{submitted.run_id}[/] (team {submitted.team})")
+            if watch:
+                return await _watch(client, submitted.run_id)
+            return None
+
+    final = _run(go)
+    if final in ("run.failed", "config.rejected"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def watch(run_id: RunArg) -> None:
+    """Show a run's events live, from its beginning until it ends."""
+
+    async def go() -> str | None:
+        async with _client() as client:
+            return await _watch(client, run_id)
+
+    final = _run(go)
+    if final in ("run.failed", "config.rejected"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def runs(
+    team: Annotated[str | None, typer.Option(help="Only this team's runs.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only runs in this state.")] = None,
+    run_type: Annotated[str | None, typer.Option("--type", help="train, eval or infer.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many.")] = 50,
+) -> None:
+    """List runs recorded by the tracker, newest first."""
+    from runctl.cli.render import runs_table
+
+    async def go() -> dict[str, Any]:
+        async with _client() as client:
+            return await client.list_runs(team=team, state=state, run_type=run_type, limit=limit)
+
+    result = _run(go)
+    console = _console()
+    if not result["runs"]:
+        console.print("no runs recorded yet")
+        return
+    console.print(runs_table(result["runs"]))
+    if result["total"] > len(result["runs"]):
+        console.print(f"[dim]{len(result['runs'])} of {result['total']} shown[/]")
+
+
+@app.command()
+def show(
+    run_id: RunArg,
+    json_out: Annotated[bool, typer.Option("--json", help="The tracker's record as JSON.")] = False,
+) -> None:
+    """Show one run: its state, outcome and every event in order."""
+    import json
+
+    from runctl.cli.render import describe, runs_table
+    from runctl.events.payloads import BY_TYPE
+
+    async def go() -> dict[str, Any]:
+        async with _client() as client:
+            return await client.get_run(run_id)
+
+    record = _run(go)
+    if json_out:
+        print(json.dumps(record, indent=2))
+        return
+    console = _console()
+    console.print(runs_table([record["run"]]))
+    if record["run"].get("error"):
+        console.print(f"[red]error[/]: {_escape(json.dumps(record['run']['error']))}")
+    for event in record.get("events", []):
+        payload = BY_TYPE[event["type"]].model_validate(event["data"])
+        console.print(f"  [dim]{event['time'][11:23]}[/]  {event['name']:<17} {_escape(describe(payload))}")
+
+
+@app.command()
+def cancel(
+    run_id: RunArg,
+    team: Annotated[str | None, typer.Option(help="The run's team (looked up in the tracker if not given).")] = None,
+    reason: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+) -> None:
+    """Ask the launcher to cancel a run."""
+
+    async def go() -> None:
+        async with _client() as client:
+            await client.cancel(run_id, team=team, reason=reason)
+
+    _run(go)
+    _console().print(f"cancel requested for {run_id}; `runctl watch {run_id}` shows when it stops.")
+
+
+@app.command()
+def up(
+    nats_port: Annotated[int, typer.Option(help="Port of the embedded nats-server.")] = 4222,
+    tracker_port: Annotated[int, typer.Option(help="Port of the tracker API.")] = 8750,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for every service to answer.")] = 60.0,
+) -> None:
+    """Start the embedded stack: nats-server with JetStream and the five services, supervised."""
+    from runctl import stack
+
+    base = _home()
+    state = _call(lambda: stack.start(base, nats_port, tracker_port, timeout))
+    console = _console()
+    console.print(f"[green]stack up[/] in {base}: bus {state.nats_url}, tracker {state.tracker_url}")
+    _print_status(state)
+
+
+@app.command()
+def down() -> None:
+    """Stop the embedded stack started from $RUNCTL_HOME: exactly the processes it recorded."""
+    from runctl import stack
+
+    stopped = _call(lambda: stack.stop(_home()))
+    if not stopped:
+        _console().print(f"no stack recorded in {_home()}")
+        return
+    _console().print("stopped " + ", ".join(stopped))
+
+
+def _print_status(state: Any) -> bool:
+    from rich.table import Table
+
+    from runctl import stack
+
+    health = asyncio.run(stack.probe(state))
+    table = Table(box=None, pad_edge=False)
+    for column in ("component", "pid", "health", "restarts", "detail"):
+        table.add_column(column)
+    for name, info in health.items():
+        mark = "[green]ok[/]" if info.get("ok") else "[red]down[/]"
+        table.add_row(name, str(info.get("pid") or "—"), mark, str(info.get("restarts", 0)), _escape(info["detail"]))
+    _console().print(table)
+    return all(info.get("ok") for info in health.values())
+
+
+@app.command()
+def status() -> None:
+    """Health of the bus and of every service of the embedded stack (or of RUNCTL_NATS_URL's)."""
+    from runctl.home import is_same_process, read_stack_state
+
+    state = _call(read_stack_state)
+    console = _console()
+    if state is None:
+        console.print(f"no stack recorded in {_home()}. Fix: `runctl up` (or set RUNCTL_HOME).")
+        raise typer.Exit(1)
+    alive = is_same_process(state.supervisor)
+    mark = "[green]running[/]" if alive else "[red]not running[/]"
+    console.print(f"supervisor PID {state.supervisor.pid}: {mark}")
+    if not _print_status(state) or not alive:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    config: Annotated[Path, typer.Argument(help="Config to run.")] = Path("configs/examples/preview.env"),
+) -> None:
+    """Bring the stack up if needed, submit the preview example and follow it to the end."""
+    from runctl import stack
+    from runctl.home import is_same_process, read_stack_state
+
+    base = _home()
+    state = read_stack_state(base)
+    if state is None or not is_same_process(state.supervisor):
+        ports = (int(os.environ.get("RUNCTL_NATS_PORT", 4222)), int(os.environ.get("RUNCTL_TRACKER_PORT", 8750)))
+        state = _call(lambda: stack.start(base, *ports))
+        _console().print(f"[green]stack up[/] in {base}: bus {state.nats_url}, tracker {state.tracker_url}")
+    submit(config, watch=True)
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

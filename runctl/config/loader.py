@@ -1,0 +1,406 @@
+"""Resolve a run config from its layers into a validated model, remembering who set each key.
+
+The layers, lowest first, are the code below (``LAYERS``): built-in defaults → ``site.env`` (once per cluster) →
+the run config → the process environment for the documented overrides only (``ENV_OVERRIDES``). A key set in a
+higher layer replaces the lower one; ``${VAR}`` in a file sees keys set earlier in the same file, then the lower
+layers, then the process environment.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from runctl.config.envfile import Entry, expand, parse_env
+from runctl.config.models import ENV_OVERRIDES, MODELS, RUN_TYPES, RunConfig, RunType, all_keys, is_secret
+from runctl.errors import ConfigError, ConfigIssue
+
+Layer = Literal["default", "site", "run", "env"]
+LAYERS: tuple[Layer, ...] = ("default", "site", "run", "env")
+PLACEHOLDER = "CHANGEME"
+REDACTED = "***"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One resolved key: its value as text (None when unset), the layer that set it and where."""
+
+    value: str | None
+    layer: Layer
+    source: str
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"value": self.value, "layer": self.layer, "source": self.source}
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A config after layering, interpolation and validation."""
+
+    path: str
+    run_type: RunType
+    model: RunConfig
+    settings: dict[str, Setting]
+    raw_text: str
+    site_path: str | None = None
+    secrets: frozenset[str] = field(default_factory=frozenset)
+
+    def redacted_settings(self) -> dict[str, dict[str, str | None]]:
+        """Every key with its value, layer and source; secret values replaced by ``***``."""
+        out: dict[str, dict[str, str | None]] = {}
+        for key, setting in self.settings.items():
+            row = setting.as_dict()
+            if key in self.secrets and setting.value:
+                row["value"] = REDACTED
+            out[key] = row
+        return out
+
+    def redacted_text(self) -> str:
+        """The raw config text with secret values blanked, safe to publish and store."""
+        lines = self.raw_text.splitlines(keepends=True)
+        for key in self.secrets:
+            setting = self.settings.get(key)
+            if setting is None or setting.layer != "run":
+                continue
+            line_no = int(setting.source.rsplit(":", 1)[1])
+            prefix = lines[line_no - 1].split("=", 1)[0]
+            lines[line_no - 1] = f"{prefix}={REDACTED}\n"
+        return "".join(lines)
+
+    def to_env(self) -> str:
+        """The resolved config as an ``.env`` file (secrets redacted), each line saying which layer set it."""
+        rows = [f"# resolved from {self.path}; every key, its value and the layer that set it"]
+        for key, row in self.redacted_settings().items():
+            value = "" if row["value"] is None else row["value"]
+            rows.append(f"{key}={json.dumps(value)}  # {row['layer']}: {row['source']}")
+        return "\n".join(rows) + "\n"
+
+
+def default_home(environ: Mapping[str, str] | None = None) -> Path:
+    """``$RUNCTL_HOME``, or ``~/.runctl``."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("RUNCTL_HOME") or Path.home() / ".runctl")
+
+
+def site_env_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The cluster's ``site.env``: ``$RUNCTL_SITE_ENV``, else ``$RUNCTL_HOME/site.env`` if it exists."""
+    env = os.environ if environ is None else environ
+    if env.get("RUNCTL_SITE_ENV"):
+        return Path(env["RUNCTL_SITE_ENV"])
+    candidate = default_home(env) / "site.env"
+    return candidate if candidate.is_file() else None
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        issue = ConfigIssue(str(path), None, None, f"{what} not found.", "check the path.", code="schema.file")
+        raise ConfigError([issue]) from e
+    except (OSError, UnicodeDecodeError) as e:
+        issue = ConfigIssue(str(path), None, None, f"cannot read the {what}: {e}.", "", code="schema.file")
+        raise ConfigError([issue]) from e
+
+
+def _defaults(run_type: RunType) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name, info in MODELS[run_type].model_fields.items():
+        if info.is_required():
+            continue
+        default = info.get_default(call_default_factory=True)
+        out[name.upper()] = None if default is None else _as_text(default)
+    return out
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key.upper(), known, n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(close)}?" if close else "see `runctl init` or the README's config table."
+
+
+class _Resolver:
+    def __init__(self, run_type: RunType, environ: Mapping[str, str], run_path: str) -> None:
+        self.run_type = run_type
+        self.run_path = run_path
+        self.environ = environ
+        self.known = all_keys()
+        self.defaults = _defaults(run_type)
+        self.settings: dict[str, Setting] = {
+            key: Setting(value, "default", "default") for key, value in self.defaults.items()
+        }
+        self.issues: list[ConfigIssue] = []
+
+    def lookup(self, current: dict[str, str]) -> Any:
+        def find(name: str) -> str | None:
+            if name in current:
+                return current[name]
+            if name in self.settings and self.settings[name].value is not None:
+                return self.settings[name].value
+            return self.environ.get(name)
+
+        return find
+
+    def apply(self, entries: list[Entry], layer: Layer) -> None:
+        current: dict[str, str] = {}
+        for entry in entries:
+            try:
+                value = expand(entry, self.lookup(current))
+            except ConfigError as e:
+                self.issues.extend(e.issues)
+                continue
+            current[entry.key] = value
+            if not self.check_key(entry, layer):
+                continue
+            if PLACEHOLDER in value:
+                self.issues.append(
+                    ConfigIssue(
+                        entry.path,
+                        entry.line,
+                        entry.key,
+                        f"{entry.key} is still the placeholder {PLACEHOLDER}.",
+                        f"set {entry.key} to a real value: {_help(self.run_type, entry.key)}",
+                        code="schema.placeholder",
+                    )
+                )
+            self.settings[entry.key] = Setting(value, layer, entry.where)
+
+    def check_key(self, entry: Entry, layer: Layer) -> bool:
+        """True if the key applies to this run type; records an issue for unknown keys."""
+        key = entry.key
+        if key == "RUN_TYPE" and layer == "site":
+            return False
+        applies_to = self.known.get(key)
+        if applies_to is None:
+            self.issues.append(
+                ConfigIssue(
+                    entry.path,
+                    entry.line,
+                    key,
+                    f"unknown key {key}: runctl would ignore it and the run would not do what you meant.",
+                    _suggest(key, list(self.known)),
+                    code="schema.unknown_key",
+                )
+            )
+            return False
+        if self.run_type in applies_to:
+            return True
+        if layer == "site":
+            return False  # site.env serves every run type; keys for other types are simply not used here
+        self.issues.append(
+            ConfigIssue(
+                entry.path,
+                entry.line,
+                key,
+                f"{key} applies to {', '.join(applies_to)} runs, not to this {self.run_type} run.",
+                f"remove it, or set RUN_TYPE={applies_to[0]} if this config is meant for that.",
+                code="schema.key_not_for_run_type",
+            )
+        )
+        return False
+
+    def apply_environment(self) -> None:
+        for key in ENV_OVERRIDES:
+            if key in self.environ:
+                self.settings[key] = Setting(self.environ[key], "env", f"environment ${key}")
+
+    def build(self) -> RunConfig | None:
+        data = {key: s.value for key, s in self.settings.items() if s.layer != "default"}
+        try:
+            return MODELS[self.run_type].model_validate(data)
+        except ValidationError as e:
+            already = {issue.key for issue in self.issues}
+            for err in e.errors(include_url=False):
+                issue = self.issue_from(err)
+                if issue.key not in already:
+                    self.issues.append(issue)
+            return None
+
+    def issue_from(self, err: Any) -> ConfigIssue:
+        ctx = err.get("ctx") or {}
+        loc = [str(part) for part in err.get("loc", ())]
+        key = loc[0].upper() if loc else (ctx.get("keys") or [None])[0]
+        setting = self.settings.get(key) if key else None
+        path, line = _split_source(setting.source if setting else "")
+        if err["type"] == "missing":
+            return ConfigIssue(
+                path or self.run_path,
+                None,
+                key,
+                f"{key} is required and not set.",
+                f"add {key}=… to the run config: {_help(self.run_type, key or '')}",
+                code="schema.required",
+            )
+        if err["type"] == "cross_field":
+            return ConfigIssue(
+                path or self.run_path,
+                line,
+                key,
+                f"{err['msg']}.",
+                "fix one of the keys named.",
+                code="schema.cross_field",
+            )
+        shown = REDACTED if key and is_secret(self.run_type, key) else err.get("input")
+        allowed = ""
+        if err["type"] == "literal_error":
+            allowed = f"allowed: {ctx.get('expected', '')}"
+        return ConfigIssue(
+            path or self.run_path,
+            line,
+            key,
+            f"{key}={shown!r} is not valid: {err['msg']}.",
+            allowed or f"{_help(self.run_type, key or '')}",
+        )
+
+
+def _split_source(source: str) -> tuple[str, int | None]:
+    path, _, line = source.rpartition(":")
+    if path and line.isdigit():
+        return path, int(line)
+    return "", None
+
+
+def _help(run_type: RunType, key: str) -> str:
+    info = MODELS[run_type].model_fields.get(key.lower())
+    text = (info.description if info else None) or ""
+    return " ".join(text.split())
+
+
+def _run_type(entries: list[Entry], path: str, given: RunType | None, environ: Mapping[str, str]) -> RunType:
+    if given is not None:
+        return given
+    for entry in reversed(entries):
+        if entry.key == "RUN_TYPE":
+            value = expand(entry, environ.get)
+            if value in RUN_TYPES:
+                return value
+            raise ConfigError(
+                [
+                    ConfigIssue(
+                        path,
+                        entry.line,
+                        "RUN_TYPE",
+                        f"RUN_TYPE={value!r} is not a run type.",
+                        f"allowed: {', '.join(RUN_TYPES)}.",
+                        code="schema.value",
+                    )
+                ]
+            )
+    raise ConfigError(
+        [
+            ConfigIssue(
+                path,
+                None,
+                "RUN_TYPE",
+                "RUN_TYPE is not set, so runctl cannot tell which runner this config is for.",
+                f"add RUN_TYPE=train|eval|infer (or start from `runctl init {'|'.join(RUN_TYPES)} NAME`).",
+                code="schema.required",
+            )
+        ]
+    )
+
+
+def resolve_text(
+    text: str,
+    path: str = "<config>",
+    *,
+    site_text: str | None = None,
+    site_path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    run_type: RunType | None = None,
+) -> ResolvedConfig:
+    """Resolve config text (and optional site text) into a validated config.
+
+    Raises:
+        ConfigError: every problem found, each with its file and line.
+    """
+    env = dict(os.environ if environ is None else environ)
+    run_entries = parse_env(text, path)
+    site_entries = parse_env(site_text, site_path or "site.env") if site_text is not None else []
+    kind = _run_type(run_entries, path, run_type, env)
+    resolver = _Resolver(kind, env, path)
+    resolver.apply(site_entries, "site")
+    resolver.apply(run_entries, "run")
+    resolver.apply_environment()
+    model = resolver.build()
+    if resolver.issues or model is None:
+        raise ConfigError(sorted(resolver.issues, key=lambda i: (i.path != path, i.line or 0)))
+    secrets = frozenset(key for key in resolver.settings if is_secret(kind, key))
+    return ResolvedConfig(path, kind, model, resolver.settings, text, site_path, secrets)
+
+
+def load_config(
+    path: str | Path,
+    *,
+    site_path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    run_type: RunType | None = None,
+) -> ResolvedConfig:
+    """Read and resolve a run config file with its site layer.
+
+    Args:
+        path: the run's ``.env`` file.
+        site_path: the cluster's ``site.env``; None looks it up (``$RUNCTL_SITE_ENV``, ``$RUNCTL_HOME/site.env``).
+        environ: the process environment (defaults to ``os.environ``).
+        run_type: force the run type instead of reading ``RUN_TYPE``.
+
+    Raises:
+        ConfigError: the file is missing or has problems, each named with file and line.
+    """
+    env = os.environ if environ is None else environ
+    run_path = Path(path)
+    text = _read(run_path, "config file")
+    site = Path(site_path) if site_path is not None else site_env_path(env)
+    site_text = _read(site, "site.env") if site is not None else None
+    return resolve_text(
+        text,
+        str(run_path),
+        site_text=site_text,
+        site_path=str(site) if site is not None else None,
+        environ=env,
+        run_type=run_type,
+    )
+
+
+def validate_settings(run_type: RunType, values: Mapping[str, str | None], source: str) -> RunConfig:
+    """Validate already-resolved values (as carried by ``config.submitted``) against the run type's schema.
+
+    Args:
+        run_type: the run type the values claim.
+        values: key → value as text, for every key set above the default layer.
+        source: what to name as the origin in messages (the run id, say).
+
+    Raises:
+        ConfigError: unknown keys, placeholders left in, bad values, missing keys.
+    """
+    resolver = _Resolver(run_type, {}, source)
+    for number, (key, value) in enumerate(values.items(), start=1):
+        entry = Entry(key=key, parts=(value or "",), path=source, line=number)
+        if resolver.check_key(entry, "run"):
+            if value is not None and PLACEHOLDER in value:
+                resolver.issues.append(
+                    ConfigIssue(
+                        source,
+                        None,
+                        key,
+                        f"{key} is still the placeholder {PLACEHOLDER}.",
+                        f"set {key} to a real value.",
+                        code="schema.placeholder",
+                    )
+                )
+            resolver.settings[key] = Setting(value, "run", f"{source}:{key}")
+    model = resolver.build()
+    if resolver.issues or model is None:
+        raise ConfigError(resolver.issues)
+    return model

@@ -1,0 +1,114 @@
+"""Every error runctl raises on purpose.
+
+    RunctlError                      base; ``str(e)`` is a complete message with the fix
+    ├── ConfigError                  a config file or value is wrong (carries one ConfigIssue per problem)
+    ├── EventError                   a message on the bus is not a runctl event we understand
+    ├── BusError                     talking to NATS JetStream failed
+    │   ├── BusUnreachableError      no NATS server answers at the URL
+    │   └── PublishError             the server did not acknowledge a publish
+    ├── StackError                   the embedded stack (``runctl up`` / ``down``) could not start or stop
+    └── TrackerError                 the tracker API failed or is unreachable
+        └── RunNotFoundError         no run with that id is recorded
+
+The CLI catches ``RunctlError`` at the top and prints ``ErrorType: message``; services turn errors raised by a
+message handler into published events. Everything else propagates, chained with ``from``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RunctlError(Exception):
+    """Base of all runctl errors.
+
+    Args:
+        message: what happened, what it causes, and the fix.
+        run_id: the run concerned, where there is one.
+        team: the team concerned, where there is one.
+        subject: the bus subject concerned, where there is one.
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str | None = None, team: str | None = None, subject: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.run_id = run_id
+        self.team = team
+        self.subject = subject
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in a config: where it is, what is wrong, and how to fix it."""
+
+    path: str
+    line: int | None
+    key: str | None
+    message: str
+    fix: str = ""
+    code: str = "schema.value"
+    """Check id, e.g. ``schema.unknown_key``."""
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        text = f"{where}: {self.message}"
+        return f"{text} Fix: {self.fix}" if self.fix else text
+
+
+class ConfigError(RunctlError):
+    """One or more problems in a config. ``issues`` lists them all; ``line`` is the first one's line."""
+
+    def __init__(self, issues: list[ConfigIssue]) -> None:
+        if not issues:
+            raise ValueError("ConfigError needs at least one issue")
+        self.issues = list(issues)
+        if len(issues) == 1:
+            text = str(issues[0])
+        else:
+            text = f"{len(issues)} problems in the config:\n" + "\n".join(f"  - {i}" for i in issues)
+        super().__init__(text)
+
+    @property
+    def path(self) -> str:
+        return self.issues[0].path
+
+    @property
+    def line(self) -> int | None:
+        return self.issues[0].line
+
+
+class EventError(RunctlError):
+    """A message that is not a valid runctl event (bad JSON, unknown type, payload not matching its model)."""
+
+
+class BusError(RunctlError):
+    """Talking to NATS JetStream failed."""
+
+
+class BusUnreachableError(BusError):
+    """No NATS server answers at the configured URL."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f"cannot reach the runctl bus at {url} ({reason}). Nothing was sent. "
+            "Fix: start the embedded stack with `runctl up`, or set RUNCTL_NATS_URL to your cluster's NATS URL."
+        )
+        self.url = url
+
+
+class PublishError(BusError):
+    """JetStream did not acknowledge a publish."""
+
+
+class StackError(RunctlError):
+    """The embedded stack could not be started, inspected or stopped."""
+
+
+class TrackerError(RunctlError):
+    """The tracker API failed or could not be reached."""
+
+
+class RunNotFoundError(TrackerError):
+    """No run with the given id is recorded by the tracker."""

@@ -1,0 +1,209 @@
+"""One frozen payload model per lifecycle event.
+
+Each model names its event (``event_name``, the subject suffix), its version, and the JetStream stream that
+holds it. The CloudEvents ``type`` is ``runctl.<event_name>.v<version>``. Payloads that an engine may fabricate
+(the ``fake`` engine) carry ``synthetic: true`` so no one mistakes them for measurements.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RUNS_STREAM = "RUNS"
+TRIALS_STREAM = "TRIALS"
+
+Phase = Literal["resolve", "validate", "environment", "ray", "replicas", "proxy", "loop", "outputs"]
+PHASES: tuple[Phase, ...] = ("resolve", "validate", "environment", "ray", "replicas", "proxy", "loop", "outputs")
+Severity = Literal["ok", "warn", "fatal", "skip"]
+TerminationReason = Literal["agent_completed", "timeout", "overlong", "max_turns", "env_setup_failed", "error"]
+
+
+class Payload(BaseModel):
+    """Base of every event payload."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    event_name: ClassVar[str]
+    publisher: ClassVar[str]
+    version: ClassVar[int] = 1
+    stream: ClassVar[str] = RUNS_STREAM
+
+    @classmethod
+    def type_string(cls) -> str:
+        """The versioned CloudEvents type, e.g. ``runctl.checkpoint.saved.v1``."""
+        return f"runctl.{cls.event_name}.v{cls.version}"
+
+
+class CheckResult(BaseModel):
+    """One validation check's outcome."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    id: str
+    check_class: int = Field(ge=1, le=9)
+    severity: Severity
+    message: str
+    fix: str = ""
+
+
+class ConfigSubmitted(Payload):
+    event_name: ClassVar[str] = "config.submitted"
+    publisher: ClassVar[str] = "runctl CLI / SDK"
+    run_type: Literal["train", "eval", "infer"]
+    project_name: str
+    exp_name: str
+    engine: str
+    priority: str = "normal"
+    config_path: str
+    raw_config: str
+    """The config text as written (secret values redacted)."""
+    resolved: dict[str, dict[str, str | None]]
+    """Every key: its value, the layer that set it, and where."""
+    submitter: str
+    via: Literal["cli", "sdk", "launcher"] = "cli"
+
+
+class ConfigValidated(Payload):
+    event_name: ClassVar[str] = "config.validated"
+    publisher: ClassVar[str] = "validator"
+    checks: list[CheckResult]
+
+
+class ConfigRejected(Payload):
+    event_name: ClassVar[str] = "config.rejected"
+    publisher: ClassVar[str] = "validator"
+    checks: list[CheckResult]
+    num_fatal: int = Field(ge=1)
+
+
+class RunQueued(Payload):
+    event_name: ClassVar[str] = "run.queued"
+    publisher: ClassVar[str] = "launcher"
+    position: int = Field(ge=0)
+    reason: str
+
+
+class RunAdmitted(Payload):
+    event_name: ClassVar[str] = "run.admitted"
+    publisher: ClassVar[str] = "launcher"
+    resources: dict[str, float]
+    quota_decision: str
+
+
+class PhaseStarted(Payload):
+    event_name: ClassVar[str] = "phase.started"
+    publisher: ClassVar[str] = "runner (launcher)"
+    phase: Phase
+
+
+class ClusterReady(Payload):
+    event_name: ClassVar[str] = "cluster.ready"
+    publisher: ClassVar[str] = "runner (launcher)"
+    ray_address: str
+    num_nodes: int = Field(ge=0)
+    num_nodes_expected: int = Field(ge=1)
+    num_gpus: float = Field(ge=0)
+    num_cpus: float = Field(ge=0)
+    synthetic: bool = False
+
+
+class ReplicasReady(Payload):
+    event_name: ClassVar[str] = "replicas.ready"
+    publisher: ClassVar[str] = "runner (launcher)"
+    addresses: list[str]
+    dp: int = Field(ge=1)
+    tp: int = Field(ge=1)
+    model: str
+    health: str
+    synthetic: bool = False
+
+
+class TrialFinished(Payload):
+    event_name: ClassVar[str] = "trial.finished"
+    publisher: ClassVar[str] = "runner (launcher)"
+    stream: ClassVar[str] = TRIALS_STREAM
+    task: str
+    trial: int = Field(ge=0)
+    reward: float | None
+    termination_reason: TerminationReason
+    durations_s: dict[str, float] = Field(default_factory=dict)
+    tokens: dict[str, int] = Field(default_factory=dict)
+    synthetic: bool = False
+
+
+class StepDone(Payload):
+    event_name: ClassVar[str] = "step.done"
+    publisher: ClassVar[str] = "engine"
+    step: int = Field(ge=0)
+    metrics: dict[str, float]
+    synthetic: bool = False
+
+
+class CheckpointSaved(Payload):
+    event_name: ClassVar[str] = "checkpoint.saved"
+    publisher: ClassVar[str] = "engine"
+    step: int = Field(ge=0)
+    path: str
+    format: Literal["fsdp", "hf"]
+    num_bytes: int = Field(ge=0)
+    synthetic: bool = False
+
+
+class EvalRequested(Payload):
+    event_name: ClassVar[str] = "eval.requested"
+    publisher: ClassVar[str] = "launcher"
+    parent_run: str
+    checkpoint_step: int = Field(ge=0)
+    eval_run_id: str
+
+
+class RunSucceeded(Payload):
+    event_name: ClassVar[str] = "run.succeeded"
+    publisher: ClassVar[str] = "launcher"
+    summary: dict[str, Any] = Field(default_factory=dict)
+    score: float | None = None
+    synthetic: bool = False
+
+
+class RunFailed(Payload):
+    event_name: ClassVar[str] = "run.failed"
+    publisher: ClassVar[str] = "launcher"
+    phase: Phase | Literal["admission"]
+    error_type: str
+    message: str
+
+
+class RunCancelled(Payload):
+    event_name: ClassVar[str] = "run.cancelled"
+    publisher: ClassVar[str] = "launcher"
+    requested_by: str
+    phase: Phase | Literal["admission", "queue"]
+
+
+class CancelRequested(Payload):
+    event_name: ClassVar[str] = "cancel.requested"
+    publisher: ClassVar[str] = "runctl CLI / SDK"
+    requested_by: str
+    reason: str = ""
+
+
+PAYLOADS: tuple[type[Payload], ...] = (
+    ConfigSubmitted,
+    ConfigValidated,
+    ConfigRejected,
+    RunQueued,
+    RunAdmitted,
+    PhaseStarted,
+    ClusterReady,
+    ReplicasReady,
+    TrialFinished,
+    StepDone,
+    CheckpointSaved,
+    EvalRequested,
+    RunSucceeded,
+    RunFailed,
+    RunCancelled,
+    CancelRequested,
+)
+BY_TYPE: dict[str, type[Payload]] = {p.type_string(): p for p in PAYLOADS}
+BY_NAME: dict[str, type[Payload]] = {p.event_name: p for p in PAYLOADS}

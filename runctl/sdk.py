@@ -1,0 +1,201 @@
+"""The Python SDK: what the CLI, an agent plugin or a notebook calls to submit, watch and cancel runs.
+
+async with RunctlClient() as client:
+    run = await client.submit("configs/examples/preview.env")
+    async for event in client.watch(run.run_id):
+        print(event.name)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from runctl.bus.client import Bus
+from runctl.config.loader import ResolvedConfig, load_config
+from runctl.errors import RunNotFoundError, TrackerError
+from runctl.events import CancelRequested, ConfigSubmitted, Event, new_event, parse_event
+from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
+from runctl.events.state import TERMINAL, target_state
+from runctl.home import read_stack_state
+from runctl.subjects import run_filter
+
+DEFAULT_TRACKER_URL = "http://127.0.0.1:8750"
+SOURCE = "/runctl/sdk"
+
+
+def tracker_url(explicit: str | None = None) -> str:
+    """The tracker API: explicit, else ``$RUNCTL_TRACKER_URL``, else the embedded stack's, else the default."""
+    if explicit:
+        return explicit.rstrip("/")
+    if os.environ.get("RUNCTL_TRACKER_URL"):
+        return os.environ["RUNCTL_TRACKER_URL"].rstrip("/")
+    state = read_stack_state()
+    return state.tracker_url if state is not None else DEFAULT_TRACKER_URL
+
+
+def new_run_id(exp_name: str, now: datetime | None = None) -> str:
+    """``<exp>-<yyyymmdd>-<4 hex>``: readable, sortable by day, unique enough to never collide in practice."""
+    day = (now or datetime.now(UTC)).strftime("%Y%m%d")
+    return f"{exp_name.lower().replace('_', '-')}-{day}-{secrets.token_hex(2)}"
+
+
+def submitter() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A published submission."""
+
+    run_id: str
+    team: str
+    event: Event
+
+
+def submission_event(resolved: ResolvedConfig, via: Literal["cli", "sdk", "launcher"] = "sdk") -> Event:
+    """The ``config.submitted`` event for a resolved config (secrets redacted), with a fresh run id."""
+    model = resolved.model
+    run_id = new_run_id(model.exp_name)
+    payload = ConfigSubmitted(
+        run_type=resolved.run_type,
+        project_name=model.project_name,
+        exp_name=model.exp_name,
+        engine=model.engine,
+        priority=model.priority,
+        config_path=str(Path(resolved.path).resolve()) if resolved.path != "<config>" else resolved.path,
+        raw_config=resolved.redacted_text(),
+        resolved=resolved.redacted_settings(),
+        submitter=submitter(),
+        via=via,
+    )
+    return new_event(payload, team=model.team, run_id=run_id, source=SOURCE, event_id=f"{run_id}.submitted")
+
+
+class RunctlClient:
+    """Talks to the bus (submit, cancel, watch) and the tracker API (runs, show).
+
+    Args:
+        nats_url: bus URL; None resolves ``$RUNCTL_NATS_URL``, the embedded stack, then localhost.
+        tracker: tracker API URL; None resolves likewise.
+    """
+
+    def __init__(self, nats_url: str | None = None, tracker: str | None = None) -> None:
+        self._nats_url = nats_url
+        self.tracker = tracker_url(tracker)
+        self._bus: Bus | None = None
+
+    async def __aenter__(self) -> RunctlClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def bus(self) -> Bus:
+        if self._bus is None:
+            self._bus = await Bus.connect(self._nats_url, name="runctl-sdk")
+        return self._bus
+
+    async def close(self) -> None:
+        if self._bus is not None:
+            await self._bus.close()
+            self._bus = None
+
+    async def submit(
+        self, config: str | Path | ResolvedConfig, *, via: Literal["cli", "sdk", "launcher"] = "sdk"
+    ) -> Submitted:
+        """Resolve (if given a path), then publish ``config.submitted``.
+
+        Raises:
+            ConfigError: the config has problems; nothing is published.
+            BusUnreachableError / PublishError: the bus did not take it.
+        """
+        resolved = config if isinstance(config, ResolvedConfig) else load_config(config)
+        event = submission_event(resolved, via=via)
+        bus = await self.bus()
+        await bus.ensure_streams()
+        await bus.publish(event)
+        return Submitted(run_id=event.runid, team=event.team, event=event)
+
+    async def cancel(self, run_id: str, *, team: str | None = None, reason: str = "") -> Event:
+        """Ask the launcher to cancel a run; the run's team comes from the tracker unless given."""
+        if team is None:
+            team = (await self.get_run(run_id, events=False))["run"]["team"]
+        assert team is not None
+        payload = CancelRequested(requested_by=submitter(), reason=reason)
+        event = new_event(payload, team=team, run_id=run_id, source=SOURCE)
+        await (await self.bus()).publish(event)
+        return event
+
+    async def watch(self, run_id: str, *, include_trials: bool = True) -> AsyncIterator[Event]:
+        """Every event of a run from its beginning, live, until (and including) the event that ends it."""
+        bus = await self.bus()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+
+        async def push(msg: Any) -> None:
+            await queue.put(parse_event(msg.data))
+
+        streams = [RUNS_STREAM, TRIALS_STREAM] if include_trials else [RUNS_STREAM]
+        subs = [await bus.js.subscribe(run_filter(run_id), stream=s, ordered_consumer=True, cb=push) for s in streams]
+        try:
+            while True:
+                event = await queue.get()
+                yield event
+                if target_state(event.name) in TERMINAL:
+                    return
+        finally:
+            for sub in subs:
+                await sub.unsubscribe()
+
+    async def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        import httpx  # local: the CLI's light commands never pay for it
+
+        try:
+            async with httpx.AsyncClient(base_url=self.tracker, timeout=10) as http:
+                response = await http.get(path, params={k: v for k, v in (params or {}).items() if v is not None})
+        except httpx.HTTPError as e:
+            raise TrackerError(
+                f"cannot reach the tracker at {self.tracker} ({type(e).__name__}). "
+                "Fix: start the stack with `runctl up`, or set RUNCTL_TRACKER_URL."
+            ) from e
+        if response.status_code == 404:
+            raise RunNotFoundError(response.json().get("detail", f"not found: {path}"))
+        if response.status_code >= 400:
+            raise TrackerError(f"tracker answered {response.status_code} for {path}: {response.text[:300]}")
+        return response.json()
+
+    async def list_runs(self, **filters: Any) -> dict[str, Any]:
+        """Runs recorded by the tracker (filters: team, state, run_type, exp_name, limit, offset)."""
+        result: dict[str, Any] = await self._get("/runs", filters)
+        return result
+
+    async def get_run(self, run_id: str, *, events: bool = True) -> dict[str, Any]:
+        """One run, its resolved config, and (by default) its events in order.
+
+        Raises:
+            RunNotFoundError: the tracker has no such run.
+        """
+        try:
+            result: dict[str, Any] = await self._get(f"/runs/{run_id}", {"events": str(events).lower()})
+        except RunNotFoundError as e:
+            raise RunNotFoundError(
+                f"no run {run_id!r} is recorded by the tracker at {self.tracker}. "
+                "Fix: check the id with `runctl runs`.",
+                run_id=run_id,
+            ) from e
+        return result

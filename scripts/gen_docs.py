@@ -1,0 +1,63 @@
+"""Generate what is written from code, not by hand: config templates, the README's config table and event catalogue.
+
+python scripts/gen_docs.py           # rewrite them
+python scripts/gen_docs.py --check   # exit 1 if any is stale (a test runs this)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from runctl.config.models import RUN_TYPES
+from runctl.config.template import render_reference_table, render_template
+from runctl.events.payloads import PAYLOADS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def event_catalogue() -> str:
+    rows = ["| event | CloudEvents type | stream | published by | payload fields |", "|---|---|---|---|---|"]
+    for payload in PAYLOADS:
+        fields = ", ".join(f"`{name}`" for name in payload.model_fields)
+        name, kind = f"`{payload.event_name}`", f"`{payload.type_string()}`"
+        rows.append(f"| {name} | {kind} | {payload.stream} | {payload.publisher} | {fields} |")
+    return "\n".join(rows) + "\n"
+
+
+def _splice(text: str, marker: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"README.md lacks the <!-- {marker}:start/end --> markers")
+    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+
+
+def expected() -> dict[Path, str]:
+    files = {ROOT / "configs" / "templates" / f"{t}.env": render_template(t, "my_run") for t in RUN_TYPES}
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    text = _splice(text, "config-table", render_reference_table())
+    text = _splice(text, "event-catalogue", event_catalogue())
+    files[readme] = text
+    return files
+
+
+def main() -> int:
+    check = "--check" in sys.argv[1:]
+    stale = []
+    for path, content in expected().items():
+        if path.exists() and path.read_text() == content:
+            continue
+        stale.append(path)
+        if not check:
+            path.write_text(content)
+    if check and stale:
+        names = ", ".join(str(p.relative_to(ROOT)) for p in stale)
+        print(f"stale generated files: {names}. Fix: python scripts/gen_docs.py")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv in the clone and install runctl with its dev tools; a no-op when pyproject.toml is unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "runctl needs Python >= 3.11 (found: $("$PY" --version 2>&1)). Set PYTHON=/path/to/python3.11." >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.runctl-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "installing runctl and its dependencies into .venv ..."
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+  echo "$want" > "$stamp"
+fi

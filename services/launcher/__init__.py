@@ -1,0 +1,1 @@
+"""The launcher service: admission, the runner's phases, and the engines that execute runs."""

@@ -1,0 +1,7 @@
+"""``python -m services.launcher``: admit validated runs and carry them through their phases."""
+
+from runctl.service import run_service
+from services.launcher.service import main
+
+if __name__ == "__main__":
+    run_service(main, "launcher")

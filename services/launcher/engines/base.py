@@ -1,0 +1,68 @@
+"""The engine interface: what executes an admitted run, phase by phase, publishing events as it goes.
+
+An engine must be resumable: ``RunContext.progress`` holds how far it got, and every event it emits has a key
+that is stable across restarts, so a launcher that died mid-run can resume it without losing or doubling
+anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from runctl.config import RunConfig
+from runctl.events import PhaseStarted
+from runctl.events.payloads import Payload, Phase
+from services.launcher.errors import RunCancelledError
+
+
+@dataclass
+class Outcome:
+    """What a finished run reports in ``run.succeeded``."""
+
+    summary: dict[str, Any]
+    score: float | None = None
+    synthetic: bool = False
+
+
+@dataclass
+class RunContext:
+    """Everything an engine gets for one run."""
+
+    run_id: str
+    team: str
+    config: RunConfig
+    run_dir: Path
+    emit_fn: Callable[[Payload, str], Awaitable[None]]
+    save_fn: Callable[[dict[str, Any]], Awaitable[None]]
+    progress: dict[str, Any] = field(default_factory=dict)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    phase: Phase = "resolve"
+
+    async def emit(self, payload: Payload, key: str) -> None:
+        """Publish an event of this run; ``key`` must be stable across restarts (``step.12``)."""
+        await self.emit_fn(payload, key)
+
+    async def enter_phase(self, phase: Phase) -> None:
+        self.phase = phase
+        await self.emit(PhaseStarted(phase=phase), f"phase.{phase}")
+
+    async def save(self, **progress: Any) -> None:
+        """Record how far the run got, so a restarted launcher resumes from here."""
+        self.progress.update(progress)
+        await self.save_fn(dict(self.progress))
+
+    def check_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise RunCancelledError(f"run {self.run_id} was cancelled", run_id=self.run_id)
+
+
+class Engine(Protocol):
+    """Executes one run. Raises EngineError (with the phase) on failure, RunCancelledError when cancelled."""
+
+    name: str
+
+    async def run(self, ctx: RunContext) -> Outcome: ...

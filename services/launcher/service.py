@@ -1,0 +1,184 @@
+"""The launcher service: admits validated runs, carries each through its phases with its engine, ends it.
+
+Handlers are idempotent through the ledger; every event a run emits has a deterministic id
+(``<run_id>.<key>``), and the three end events share one id, so a run ends exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from runctl.bus import Bus, ConsumerSpec, each_event
+from runctl.config.loader import validate_settings
+from runctl.config.models import RunConfig
+from runctl.errors import ConfigError, RunctlError
+from runctl.events import (
+    CancelRequested,
+    ConfigSubmitted,
+    ConfigValidated,
+    Event,
+    RunAdmitted,
+    RunCancelled,
+    RunFailed,
+    RunQueued,
+    RunSucceeded,
+    new_event,
+    parse_event,
+)
+from runctl.events.payloads import RUNS_STREAM, Payload
+from runctl.home import home
+from runctl.service import ServiceRuntime
+from runctl.subjects import event_filter, event_subject
+from services.launcher.engines import RunContext, make_engine
+from services.launcher.errors import EngineError, LauncherError, RunCancelledError
+from services.launcher.ledger import Ledger, LedgerEntry
+
+log = logging.getLogger(__name__)
+
+CONSUMER = ConsumerSpec(
+    durable="launcher",
+    stream=RUNS_STREAM,
+    filter_subjects=[event_filter(ConfigValidated.event_name), event_filter(CancelRequested.event_name)],
+)
+
+
+def run_dir_for(team: str, run_id: str, config: RunConfig) -> Path:
+    """Where a run's artifacts go: ``OUTPUT_DIR``, else ``$RUNCTL_HOME/runs/<team>/<run_id>``."""
+    if config.output_dir:
+        return Path(config.output_dir)
+    return home() / "runs" / team / run_id
+
+
+def resources_for(config: RunConfig) -> dict[str, float]:
+    return {"nodes": float(config.nnodes), "gpus": float(config.nnodes * config.ngpus_per_node)}
+
+
+class Launcher:
+    def __init__(self, bus: Bus, ledger: Ledger, source: str) -> None:
+        self.bus = bus
+        self.ledger = ledger
+        self.source = source
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.cancels: dict[str, asyncio.Event] = {}
+        self.cancel_by: dict[str, str] = {}
+
+    async def publish(self, payload: Payload, team: str, run_id: str, key: str) -> None:
+        await self.bus.publish(
+            new_event(payload, team=team, run_id=run_id, source=self.source, event_id=f"{run_id}.{key}")
+        )
+
+    async def handle(self, event: Event) -> None:
+        if isinstance(event.data, ConfigValidated):
+            await self.admit(event)
+        elif isinstance(event.data, CancelRequested):
+            await self.cancel(event.team, event.runid, event.data.requested_by)
+
+    async def submitted_config(self, team: str, run_id: str) -> tuple[ConfigSubmitted, RunConfig]:
+        """The run's config, read back from its ``config.submitted`` event (the event log is the truth)."""
+        msg = await self.bus.js.get_last_msg(RUNS_STREAM, event_subject(team, run_id, ConfigSubmitted.event_name))
+        submitted = parse_event(msg.data or b"").data
+        assert isinstance(submitted, ConfigSubmitted)
+        values = {k: row.get("value") for k, row in submitted.resolved.items() if row.get("layer") != "default"}
+        return submitted, validate_settings(submitted.run_type, values, source=run_id)
+
+    async def admit(self, event: Event) -> None:
+        team, run_id = event.team, event.runid
+        if await self.ledger.get(run_id) is not None:
+            return  # already admitted, running, ended or cancelled before admission
+        try:
+            _, config = await self.submitted_config(team, run_id)
+        except (ConfigError, LauncherError) as e:
+            await self.end_failed(team, run_id, "admission", e)
+            return
+        # Admission control (quotas, fair share) arrives with the shared-cluster launcher; the embedded stack
+        # admits every validated run at once.
+        await self.publish(RunQueued(position=0, reason="embedded stack: no quota configured"), team, run_id, "queued")
+        await self.publish(
+            RunAdmitted(resources=resources_for(config), quota_decision="admitted: no quota configured"),
+            team,
+            run_id,
+            "admitted",
+        )
+        await self.ledger.put(run_id, LedgerEntry(team=team, state="active"))
+        self.start(team, run_id, config, {})
+
+    def start(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
+        self.cancels[run_id] = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(self.carry(team, run_id, config, progress))
+        self.tasks[run_id] = task
+        task.add_done_callback(lambda _: (self.tasks.pop(run_id, None), self.cancels.pop(run_id, None)))
+
+    async def carry(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
+        """Run the engine to the end and publish exactly one end event."""
+        run_dir = run_dir_for(team, run_id, config)
+
+        async def emit(payload: Payload, key: str) -> None:
+            await self.publish(payload, team, run_id, key)
+
+        async def save(state: dict[str, Any]) -> None:
+            await self.ledger.put(run_id, LedgerEntry(team=team, state="active", progress=state))
+
+        ctx = RunContext(run_id, team, config, run_dir, emit, save, dict(progress), self.cancels[run_id])
+        try:
+            engine = make_engine(config.engine)
+            outcome = await engine.run(ctx)
+        except RunCancelledError:
+            await self.end(team, run_id, RunCancelled(requested_by=self.cancel_by.get(run_id, "?"), phase=ctx.phase))
+        except EngineError as e:
+            await self.end_failed(team, run_id, e.phase, e)
+        except RunctlError as e:
+            await self.end_failed(team, run_id, ctx.phase, e)
+        else:
+            payload = RunSucceeded(summary=outcome.summary, score=outcome.score, synthetic=outcome.synthetic)
+            await self.end(team, run_id, payload)
+
+    async def end(self, team: str, run_id: str, payload: Payload) -> None:
+        await self.publish(payload, team, run_id, "end")
+        await self.ledger.put(run_id, LedgerEntry(team=team, state="ended", outcome=payload.event_name))
+        log.info("%s %s", run_id, payload.event_name)
+
+    async def end_failed(self, team: str, run_id: str, phase: str, error: BaseException) -> None:
+        payload = RunFailed(phase=phase, error_type=type(error).__name__, message=str(error))
+        await self.end(team, run_id, payload)
+
+    async def cancel(self, team: str, run_id: str, requested_by: str) -> None:
+        self.cancel_by[run_id] = requested_by
+        if run_id in self.cancels:
+            self.cancels[run_id].set()
+            return
+        entry = await self.ledger.get(run_id)
+        if entry is None:
+            # Not admitted yet: record the cancel so a later config.validated does not start it.
+            await self.end(team, run_id, RunCancelled(requested_by=requested_by, phase="queue"))
+        elif entry.state == "active":
+            await self.end(team, run_id, RunCancelled(requested_by=requested_by, phase="admission"))
+
+    async def resume(self) -> None:
+        """Pick up every run the ledger says is active: a previous launcher died while carrying it."""
+        for run_id, entry in (await self.ledger.active()).items():
+            try:
+                _, config = await self.submitted_config(entry.team, run_id)
+            except (ConfigError, LauncherError) as e:
+                await self.end_failed(entry.team, run_id, "admission", e)
+                continue
+            log.info("resuming %s from %s", run_id, entry.progress)
+            self.start(entry.team, run_id, config, entry.progress)
+
+    async def stop(self) -> None:
+        """On shutdown, leave runs active in the ledger: the next launcher resumes them."""
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+async def main(runtime: ServiceRuntime) -> None:
+    assert runtime.bus is not None
+    launcher = Launcher(runtime.bus, await Ledger.open(runtime.bus), runtime.source)
+    runtime.health_info(lambda: {"active_runs": sorted(launcher.tasks), "pid": os.getpid()})
+    runtime.on_stop(launcher.stop)
+    await launcher.resume()
+    await runtime.consume(CONSUMER, each_event(launcher.handle))

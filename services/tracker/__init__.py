@@ -1,0 +1,1 @@
+"""The tracker service: the run record in SQL, its HTTP API and (later) the dashboard."""

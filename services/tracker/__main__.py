@@ -1,0 +1,7 @@
+"""``python -m services.tracker``: project every event into SQL and serve the HTTP API."""
+
+from runctl.service import run_service
+from services.tracker.service import main
+
+if __name__ == "__main__":
+    run_service(main, "tracker")

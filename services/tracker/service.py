@@ -1,0 +1,104 @@
+"""The tracker service: projects every event into SQL and serves the HTTP API.
+
+After each committed batch it sends a core-NATS notice (``_runctl.tracker.persisted``) with the stored ids and
+the commit time, for live views and for measuring publish-to-persisted latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import uvicorn
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from runctl.bus import Bus, ConsumerSpec, Delivery
+from runctl.events import Event
+from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
+from runctl.home import home
+from runctl.service import ServiceRuntime
+from runctl.subjects import persisted_subject
+from services.tracker.api import make_app
+from services.tracker.db import EventRow, make_engine
+from services.tracker.projection import project
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8750
+CONSUMERS = [
+    ConsumerSpec(durable="tracker-runs", stream=RUNS_STREAM, filter_subjects=[], batch=256),
+    ConsumerSpec(durable="tracker-trials", stream=TRIALS_STREAM, filter_subjects=[], batch=256),
+]
+
+
+def db_url() -> str:
+    """``$RUNCTL_DB_URL``, else SQLite at ``$RUNCTL_HOME/tracker.db``."""
+    if os.environ.get("RUNCTL_DB_URL"):
+        return os.environ["RUNCTL_DB_URL"]
+    base = home()
+    base.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{base / 'tracker.db'}"
+
+
+class Projector:
+    """Writes delivered batches; one writer at a time so the two stream consumers never interleave a commit."""
+
+    def __init__(self, engine: Engine, bus: Bus) -> None:
+        self.engine = engine
+        self.bus = bus
+        self.lock = asyncio.Lock()
+        self.stored = 0
+
+    def write(self, batch: list[tuple[Event, int]]) -> tuple[list[str], float]:
+        with Session(self.engine) as session:
+            ids = project(session, batch)
+            session.commit()
+        return ids, time.time()
+
+    async def handle(self, batch: list[Delivery]) -> None:
+        async with self.lock:
+            # The database work runs in a thread so the event loop keeps fetching and acking meanwhile.
+            ids, committed_at = await asyncio.to_thread(self.write, [(d.event, d.stream_seq) for d in batch])
+        self.stored += len(ids)
+        if ids:
+            notice = {"ids": ids, "committed_at": committed_at}
+            await self.bus.nc.publish(persisted_subject(), json.dumps(notice).encode())
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the service runtime owns SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def main(runtime: ServiceRuntime) -> None:
+    assert runtime.bus is not None
+    url = db_url()
+    engine = make_engine(url)
+    projector = Projector(engine, runtime.bus)
+    host = os.environ.get("RUNCTL_TRACKER_HOST", "127.0.0.1")
+    port = int(os.environ.get("RUNCTL_TRACKER_PORT", DEFAULT_PORT))
+    server = _Server(uvicorn.Config(make_app(engine), host=host, port=port, log_level="warning", lifespan="off"))
+
+    def health() -> dict[str, object]:
+        with Session(engine) as session:
+            total = session.scalar(select(func.count()).select_from(EventRow))
+        return {"api": f"http://{host}:{port}", "events_stored": total, "db": url.split("://", 1)[0]}
+
+    async def stop_server() -> None:
+        server.should_exit = True
+
+    runtime.health_info(health)
+    runtime.on_stop(stop_server)
+    runtime.spawn(server.serve())
+    for spec in CONSUMERS:
+        await runtime.consume(spec, projector.handle)

@@ -1,0 +1,1 @@
+"""The validator service: checks every submitted config and publishes the verdict."""

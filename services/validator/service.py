@@ -1,0 +1,50 @@
+"""The validator service: every ``config.submitted`` gets a ``config.validated`` or ``config.rejected``."""
+
+from __future__ import annotations
+
+import logging
+
+from runctl.bus import Bus, ConsumerSpec, each_event
+from runctl.events import ConfigRejected, ConfigSubmitted, ConfigValidated, Event, new_event
+from runctl.events.payloads import RUNS_STREAM, Payload
+from runctl.service import ServiceRuntime
+from runctl.subjects import event_filter
+from services.validator.checks import schema_checks
+
+log = logging.getLogger(__name__)
+
+CONSUMER = ConsumerSpec(
+    durable="validator", stream=RUNS_STREAM, filter_subjects=[event_filter(ConfigSubmitted.event_name)]
+)
+
+
+def verdict(submitted: ConfigSubmitted, run_id: str) -> Payload:
+    """The validation event for a submission: rejected if any check is fatal."""
+    checks = schema_checks(submitted, run_id)
+    num_fatal = sum(1 for c in checks if c.severity == "fatal")
+    if num_fatal:
+        return ConfigRejected(checks=checks, num_fatal=num_fatal)
+    return ConfigValidated(checks=checks)
+
+
+class Validator:
+    def __init__(self, bus: Bus, source: str) -> None:
+        self.bus = bus
+        self.source = source
+
+    async def handle(self, event: Event) -> None:
+        assert isinstance(event.data, ConfigSubmitted)
+        payload = verdict(event.data, event.runid)
+        # One id for the verdict, whichever it is: a redelivered submission cannot produce a second one.
+        await self.bus.publish(
+            new_event(
+                payload, team=event.team, run_id=event.runid, source=self.source, event_id=f"{event.runid}.verdict"
+            )
+        )
+        log.info("%s %s", event.runid, payload.event_name)
+
+
+async def main(runtime: ServiceRuntime) -> None:
+    assert runtime.bus is not None
+    validator = Validator(runtime.bus, runtime.source)
+    await runtime.consume(CONSUMER, each_event(validator.handle))

@@ -1,0 +1,190 @@
+"""Shared fixtures: a real nats-server per test on a free port, a connected bus, and runctl services started as
+real processes (stopped by PID)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from runctl.bus import Bus
+from runctl.stack import nats_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05) -> None:
+    """Poll a condition until it holds; fail the test with ``what`` if it does not within the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+async def async_wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@dataclass
+class NatsServer:
+    url: str
+    port: int
+    store: Path
+    proc: subprocess.Popen[bytes]
+
+
+def _start_nats(port: int, store: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def listening() -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(listening, 10, f"nats-server on port {port}")
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A real nats-server with JetStream on a free loopback port, its store in the test's temp folder."""
+    port = free_port()
+    store = tmp_path / "jetstream"
+    proc = _start_nats(port, store)
+    yield NatsServer(f"nats://127.0.0.1:{port}", port, store, proc)
+    _stop(proc)
+
+
+@pytest.fixture
+async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
+    connected = await Bus.connect(nats_server.url, name="test")
+    await connected.ensure_streams()
+    yield connected
+    await connected.close()
+
+
+@dataclass
+class Services:
+    """runctl services as real subprocesses of the test, each started and stopped by PID."""
+
+    nats_url: str
+    home: Path
+    tracker_port: int
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def tracker_url(self) -> str:
+        return f"http://127.0.0.1:{self.tracker_port}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "RUNCTL_NATS_URL": self.nats_url,
+            "RUNCTL_HOME": str(self.home),
+            "RUNCTL_TRACKER_PORT": str(self.tracker_port),
+            "RUNCTL_TRACKER_URL": self.tracker_url,
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        with (self.home / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", f"services.{name}"], env=self.env(), stdout=log, stderr=log)
+        self.procs[name] = proc
+        self.wait_healthy(name)
+        return proc
+
+    def wait_healthy(self, name: str, timeout_s: float = 30) -> None:
+        from runctl.subjects import health_subject
+
+        async def ask() -> bool:
+            try:
+                probe = await Bus.connect(self.nats_url, name="test-probe")
+            except Exception:
+                return False
+            try:
+                reply = await probe.nc.request(health_subject(name), b"", timeout=0.5)
+                info = json.loads(reply.data)
+                return bool(info["pid"] == self.procs[name].pid and info["ready"])
+            except Exception:
+                return False
+            finally:
+                await probe.close()
+
+        def healthy() -> bool:
+            if self.procs[name].poll() is not None:
+                raise AssertionError(f"{name} exited with {self.procs[name].returncode}: {self.log(name)[-2000:]}")
+            return asyncio.run(ask())
+
+        wait_until(healthy, timeout_s, f"{name} to answer health probes", interval_s=0.1)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no graceful anything, as in a crash."""
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait(10)
+
+    def stop(self, name: str) -> int:
+        proc = self.procs.pop(name)
+        _stop(proc)
+        return int(proc.returncode)
+
+    def log(self, name: str) -> str:
+        path = self.home / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+
+@pytest.fixture
+def services(nats_server: NatsServer, tmp_path: Path) -> Iterator[Services]:
+    home = tmp_path / "home"
+    home.mkdir()
+    running = Services(nats_server.url, home, free_port())
+    yield running
+    running.stop_all()
+
+
+@pytest.fixture
+def examples() -> Path:
+    return ROOT / "configs" / "examples"

@@ -1,0 +1,189 @@
+"""The bus against a real nats-server: streams, de-duplication, consumers, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runctl.bus import Bus, ConsumerSpec, Delivery, StreamLimits
+from runctl.errors import BusUnreachableError, PublishError
+from runctl.events import StepDone, TrialFinished, new_event
+from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
+from runctl.subjects import DEADLETTER_STREAM, deadletter_subject, event_filter, event_subject
+from tests.conftest import NatsServer, async_wait_until, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def step(n: int, run_id: str = "r-1", event_id: str | None = None):  # type: ignore[no-untyped-def]
+    return new_event(
+        StepDone(step=n, metrics={"x": float(n)}), team="nlp", run_id=run_id, source="/t", event_id=event_id
+    )
+
+
+async def test_streams_are_created_idempotently_and_updated_when_limits_change(bus: Bus) -> None:
+    await bus.ensure_streams()
+    await asyncio.gather(bus.ensure_streams(), bus.ensure_streams())
+    names = {info.config.name for info in await bus.js.streams_info()}
+    assert {RUNS_STREAM, TRIALS_STREAM, DEADLETTER_STREAM} <= names
+    trials = await bus.js.stream_info(TRIALS_STREAM)
+    assert trials.config.subjects == [event_filter("trial.finished")]
+    await bus.ensure_streams(StreamLimits(trials_max_age_s=3600.0))
+    assert (await bus.js.stream_info(TRIALS_STREAM)).config.max_age == 3600.0
+
+
+async def test_events_land_in_their_stream_on_their_subject(bus: Bus) -> None:
+    ack = await bus.publish(step(1))
+    assert ack.stream == RUNS_STREAM
+    trial = new_event(
+        TrialFinished(task="t", trial=0, reward=1.0, termination_reason="agent_completed"),
+        team="nlp",
+        run_id="r-1",
+        source="/t",
+    )
+    assert (await bus.publish(trial)).stream == TRIALS_STREAM
+    msg = await bus.js.get_last_msg(RUNS_STREAM, event_subject("nlp", "r-1", "step.done"))
+    assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == (await _first_id(bus))
+
+
+async def _first_id(bus: Bus) -> str:
+    msg = await bus.js.get_msg(RUNS_STREAM, 1)
+    import json
+
+    return str(json.loads(msg.data)["id"])
+
+
+async def test_the_same_event_published_twice_is_stored_once(bus: Bus) -> None:
+    event = step(1)
+    first = await bus.publish(event)
+    again = await bus.publish(event)
+    assert again.duplicate is True and again.seq == first.seq
+    assert (await bus.js.stream_info(RUNS_STREAM)).state.messages == 1
+
+
+async def test_publish_many_pipelines_and_dedupes(bus: Bus) -> None:
+    events = [step(i) for i in range(500)]
+    acks = await bus.publish_many(events + events[:100])
+    assert len(acks) == 600
+    assert sum(1 for a in acks if a.duplicate) == 100
+    assert (await bus.js.stream_info(RUNS_STREAM)).state.messages == 500
+
+
+async def test_unreachable_bus_names_the_fix() -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    with pytest.raises(BusUnreachableError) as info:
+        await Bus.connect(url)
+    assert url in info.value.message and "runctl up" in info.value.message and "RUNCTL_NATS_URL" in info.value.message
+
+
+async def test_publish_without_a_stream_raises_publish_error(nats_server: NatsServer) -> None:
+    bare = await Bus.connect(nats_server.url)
+    try:
+        with pytest.raises(PublishError) as info:
+            await bare.publish(step(1), timeout_s=1.0)
+        assert info.value.run_id == "r-1"
+    finally:
+        await bare.close()
+
+
+async def test_consumer_delivers_in_order_and_resumes_where_it_left_off(bus: Bus) -> None:
+    spec = ConsumerSpec(durable="t-order", stream=RUNS_STREAM, filter_subjects=[event_filter("step.done")], batch=7)
+    await bus.publish_many([step(i) for i in range(20)])
+    seen: list[int] = []
+
+    async def handler(batch: list[Delivery]) -> None:
+        seen.extend(d.event.data.step for d in batch)  # type: ignore[attr-defined]
+
+    consumer = await bus.consumer(spec)
+    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
+    await async_wait_until(lambda: len(seen) == 20, 10, "20 deliveries")
+    consumer.stop()
+    await task
+    assert seen == list(range(20))
+    await bus.publish_many([step(i) for i in range(20, 25)])
+    consumer = await bus.consumer(spec)
+    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
+    await async_wait_until(lambda: len(seen) == 25, 10, "5 more deliveries")
+    consumer.stop()
+    await task
+    assert seen == list(range(25))
+
+
+async def test_a_poison_event_is_dead_lettered_and_does_not_hold_back_the_others(bus: Bus) -> None:
+    spec = ConsumerSpec(
+        durable="t-poison",
+        stream=RUNS_STREAM,
+        filter_subjects=[event_filter("step.done")],
+        max_deliver=3,
+        retry_delays_s=(0.05,),
+    )
+    handled: list[int] = []
+    attempts: dict[int, int] = {}
+
+    async def handler(batch: list[Delivery]) -> None:
+        for d in batch:
+            n = d.event.data.step  # type: ignore[attr-defined]
+            if n == 2:
+                attempts[n] = attempts.get(n, 0) + 1
+                raise RuntimeError("cannot handle step 2")
+        handled.extend(d.event.data.step for d in batch)  # type: ignore[attr-defined]
+
+    await bus.publish_many([step(i) for i in range(5)])
+    consumer = await bus.consumer(spec)
+    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
+
+    async def parked() -> bool:
+        return (await bus.js.stream_info(DEADLETTER_STREAM)).state.messages == 1
+
+    await async_wait_until(parked, 15, "the poison event in DEADLETTER")
+    consumer.stop()
+    await task
+    assert sorted(handled) == [0, 1, 3, 4]
+    assert attempts[2] >= 3  # the first delivery is tried in its batch, then alone
+    assert consumer.stats.dead_lettered == 1
+    dead = await bus.js.get_last_msg(DEADLETTER_STREAM, deadletter_subject("t-poison"))
+    assert dead.headers is not None
+    assert dead.headers["Runctl-Error-Type"] == "RuntimeError"
+    assert dead.headers["Runctl-Num-Delivered"] == "3"
+    assert dead.headers["Runctl-Original-Subject"] == event_subject("nlp", "r-1", "step.done")
+
+
+async def test_a_message_that_is_not_an_event_is_dead_lettered_at_once(bus: Bus) -> None:
+    spec = ConsumerSpec(durable="t-garbage", stream=RUNS_STREAM, filter_subjects=[event_filter("step.done")])
+    await bus.js.publish(event_subject("nlp", "r-1", "step.done"), b"{not json")
+    await bus.publish(step(1))
+    handled: list[int] = []
+
+    async def handler(batch: list[Delivery]) -> None:
+        handled.extend(d.event.data.step for d in batch)  # type: ignore[attr-defined]
+
+    consumer = await bus.consumer(spec)
+    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
+    await async_wait_until(lambda: handled == [1], 10, "the valid event")
+
+    async def parked() -> bool:
+        return (await bus.js.stream_info(DEADLETTER_STREAM)).state.messages == 1
+
+    await async_wait_until(parked, 10, "the garbage in DEADLETTER")
+    consumer.stop()
+    await task
+    dead = await bus.js.get_last_msg(DEADLETTER_STREAM, deadletter_subject("t-garbage"))
+    assert dead.data == b"{not json"
+    assert dead.headers is not None and dead.headers["Runctl-Error-Type"] == "EventError"
+
+
+async def test_publish_many_keeps_at_most_a_window_unacknowledged(bus: Bus) -> None:
+    bus._window = 50
+    acks = await bus.publish_many([step(i) for i in range(1000)])
+    assert [a.seq for a in acks] == list(range(1, 1001))
+
+
+async def test_publish_many_without_a_stream_raises_publish_error(nats_server: NatsServer) -> None:
+    bare = await Bus.connect(nats_server.url)
+    try:
+        with pytest.raises(PublishError) as info:
+            await bare.publish_many([step(1), step(2)], timeout_s=2.0)
+        assert "NoStreamResponseError" in info.value.message
+    finally:
+        await bare.close()
