@@ -96,7 +96,10 @@ class ServiceRuntime:
             self.stopping.set()
 
     async def _health(self, msg: Msg) -> None:
-        info: dict[str, Any] = {
+        info: dict[str, Any] = {}
+        for provider in self._health_extra:
+            info.update(provider())
+        info |= {
             "service": self.name,
             "pid": os.getpid(),
             "ready": self.ready,
@@ -112,8 +115,6 @@ class ServiceRuntime:
                 for c in self.consumers
             },
         }
-        for provider in self._health_extra:
-            info.update(provider())
         await msg.respond(json.dumps(info).encode())
 
     def request_stop(self) -> None:

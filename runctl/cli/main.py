@@ -282,8 +282,8 @@ def cancel(
 
 @app.command()
 def up(
-    nats_port: Annotated[int, typer.Option(help="Port of the embedded nats-server.")] = 4222,
-    tracker_port: Annotated[int, typer.Option(help="Port of the tracker API.")] = 8750,
+    nats_port: Annotated[int, typer.Option(help="Port of the embedded nats-server.", envvar="RUNCTL_NATS_PORT")] = 4222,
+    tracker_port: Annotated[int, typer.Option(help="Port of the tracker API.", envvar="RUNCTL_TRACKER_PORT")] = 8750,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for every service to answer.")] = 60.0,
 ) -> None:
     """Start the embedded stack: nats-server with JetStream and the five services, supervised."""
@@ -352,7 +352,10 @@ def demo(
     base = _home()
     state = read_stack_state(base)
     if state is None or not is_same_process(state.supervisor):
-        ports = (int(os.environ.get("RUNCTL_NATS_PORT", 4222)), int(os.environ.get("RUNCTL_TRACKER_PORT", 8750)))
+        ports = (
+            int(os.environ.get("RUNCTL_NATS_PORT", stack.DEFAULT_NATS_PORT)),
+            int(os.environ.get("RUNCTL_TRACKER_PORT", stack.DEFAULT_TRACKER_PORT)),
+        )
         state = _call(lambda: stack.start(base, *ports))
         _console().print(f"[green]stack up[/] in {base}: bus {state.nats_url}, tracker {state.tracker_url}")
     submit(config, watch=True)

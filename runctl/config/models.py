@@ -298,7 +298,7 @@ class EvalOnCheckpointSection(Section):
 
 class EvalDataSection(Section):
     title: ClassVar[str] = "Evaluation"
-    dataset_path: str | None = None
+    dataset_path: str | None = Field(None, json_schema_extra={"in_template": "CHANGEME"})
     """Held-out task index (parquet) or task folder; set this or DATASET_NAME, exactly one."""
     dataset_name: str | None = None
     """Name of a registered dataset; set this or DATASET_PATH, exactly one."""

@@ -49,7 +49,10 @@ def render_template(run_type: RunType, name: str) -> str:
             for doc_line in textwrap.wrap(_doc(section, key), 110):
                 lines.append(f"# {doc_line}")
             default = _default_text(run_type, key)
-            if key == "RUN_TYPE":
+            extra = section.model_fields[key.lower()].json_schema_extra
+            if isinstance(extra, dict) and "in_template" in extra:
+                lines.append(f"{key}={extra['in_template']}")
+            elif key == "RUN_TYPE":
                 lines.append(f"RUN_TYPE={run_type}")
             elif key == "EXP_NAME":
                 lines.append(f"EXP_NAME={name}")

@@ -8,7 +8,7 @@ from runctl.service import ServiceRuntime, run_service
 
 
 async def main(runtime: ServiceRuntime) -> None:
-    runtime.health_info(lambda: {"ready": False, "note": "sandboxes not served yet"})
+    runtime.health_info(lambda: {"serving": False, "note": "sandboxes not served yet"})
 
 
 if __name__ == "__main__":

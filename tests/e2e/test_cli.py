@@ -1,0 +1,214 @@
+"""The runctl command as a user runs it: a real process, a real embedded stack on free ports, in a temp home."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from runctl.home import is_same_process, read_stack_state
+from tests.conftest import ROOT, free_port, wait_until
+
+RUNCTL = str(Path(sys.executable).parent / "runctl")
+PREVIEW = ROOT / "configs" / "examples" / "preview.env"
+
+
+@dataclass
+class Cli:
+    home: Path
+    env: dict[str, str]
+
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 120, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [RUNCTL, *args],
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"runctl {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNCTL_")}
+    env["RUNCTL_HOME"] = str(tmp_path / "home")
+    return Cli(tmp_path / "home", env)
+
+
+@pytest.fixture
+def stack(cli: Cli) -> Iterator[Cli]:
+    nats_port, tracker_port = free_port(), free_port()
+    cli("up", "--nats-port", str(nats_port), "--tracker-port", str(tracker_port))
+    yield cli
+    cli("down", check=False)
+    state = read_stack_state(cli.home)
+    assert state is None
+
+
+def test_help_answers_without_importing_anything_heavy() -> None:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import runctl.cli.main"], capture_output=True, text=True, check=True
+    )
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    for heavy in ("nats", "sqlalchemy", "fastapi", "uvicorn", "pydantic", "httpx", "torch", "ray", "vllm"):
+        assert heavy not in imported, f"`runctl --help` imports {heavy}"
+    help_text = subprocess.run([RUNCTL, "--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("init", "validate", "submit", "runs", "show", "watch", "cancel", "up", "down", "status"):
+        assert command in help_text
+
+
+def test_init_writes_a_template_that_only_needs_its_placeholders_filled(cli: Cli, tmp_path: Path) -> None:
+    cli("init", "train", "my_run", "--dir", str(tmp_path))
+    path = tmp_path / "my_run.env"
+    text = path.read_text()
+    assert "EXP_NAME=my_run" in text and "MODEL_PATH=CHANGEME" in text
+    result = cli("validate", str(path), check=False)
+    assert result.returncode == 1
+    assert "PROJECT_NAME is still the placeholder CHANGEME" in result.stdout
+    path.write_text(text.replace("CHANGEME", "filled"))
+    assert "0 fatal problems" in cli("validate", str(path)).stdout
+    assert cli("init", "train", "my_run", "--dir", str(tmp_path), check=False).returncode == 1
+
+
+def test_validate_reports_every_problem_with_file_line_and_fix(cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.env"
+    bad.write_text(PREVIEW.read_text() + "GEN_TPP=2\nBACKEND=dockr\n")
+    result = cli("validate", str(bad), check=False)
+    assert result.returncode == 1
+    lines = len(PREVIEW.read_text().splitlines())
+    assert f"bad.env:{lines + 1}" in result.stdout and "did you mean GEN_TP" in result.stdout
+    assert f"bad.env:{lines + 2}" in result.stdout and "'local', 'docker' or 'k8s'" in result.stdout
+    as_json = json.loads(cli("validate", str(bad), "--json", check=False).stdout)
+    assert as_json["ok"] is False
+    assert {c["code"] for c in as_json["checks"]} == {"schema.unknown_key", "schema.value"}
+    assert json.loads(cli("validate", str(PREVIEW), "--json").stdout)["ok"] is True
+
+
+def test_usage_errors_exit_2(cli: Cli) -> None:
+    assert cli("validate", check=False).returncode == 2
+    assert cli("init", "training", "x", check=False).returncode == 2
+    assert cli("no-such-command", check=False).returncode == 2
+
+
+def test_commands_that_need_the_bus_say_so_in_one_line_when_it_is_down(cli: Cli) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    for args in (("submit", str(PREVIEW)), ("cancel", "r-1", "--team", "demo"), ("watch", "r-1")):
+        result = cli(*args, check=False, RUNCTL_NATS_URL=url)
+        assert result.returncode == 1
+        errors = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(errors) == 1, result.stderr
+        assert errors[0].startswith("BusUnreachableError: ")
+        assert "runctl up" in errors[0] and "RUNCTL_NATS_URL" in errors[0]
+
+
+def test_preflight_only_validates_and_publishes_nothing(stack: Cli) -> None:
+    result = stack("submit", str(PREVIEW), PREFLIGHT_ONLY="1")
+    assert "nothing was published" in result.stdout
+    assert "no runs recorded yet" in stack("runs").stdout
+    assert _stream_messages(stack.home, "RUNS") == 0
+
+
+def _stream_messages(home: Path, stream: str) -> int:
+    import asyncio
+
+    from runctl.bus import Bus
+
+    state = read_stack_state(home)
+    assert state is not None
+
+    async def count() -> int:
+        bus = await Bus.connect(state.nats_url)
+        try:
+            return int((await bus.js.stream_info(stream)).state.messages)
+        finally:
+            await bus.close()
+
+    return asyncio.run(count())
+
+
+def test_the_whole_tour_on_the_embedded_stack(stack: Cli) -> None:
+    status = stack("status").stdout
+    for name in ("nats-server", "validator", "launcher", "tracker", "proxy", "sandbox"):
+        assert re.search(rf"{name}\s+\d+\s+ok", status), status
+    submitted = stack("submit", str(PREVIEW), "--watch")
+    out = submitted.stdout
+    run_id = re.search(r"submitted (\S+)", out).group(1)  # type: ignore[union-attr]
+    assert "ENGINE=fake" in out and "synthetic" in out
+    order = ["config.submitted", "config.validated", "run.admitted", "cluster.ready", "replicas.ready", "step.done"]
+    positions = [out.index(name) for name in order + ["checkpoint.saved", "run.succeeded"]]
+    assert positions == sorted(positions)
+    assert run_id in stack("runs").stdout and "succeeded" in stack("runs").stdout
+    shown = stack("show", run_id).stdout
+    assert "run.succeeded" in shown and "phase outputs" in shown
+    record = json.loads(stack("show", run_id, "--json").stdout)
+    assert record["run"]["state"] == "succeeded" and record["run"]["synthetic"] is True
+    watched = stack("watch", run_id).stdout
+    assert watched.count("step.done") == 4 and watched.rstrip().splitlines()[-1].find("run.succeeded") > 0
+    missing = stack("show", "no-such-run", check=False)
+    assert missing.returncode == 1 and missing.stderr.startswith("RunNotFoundError")
+
+
+def test_cancel_from_the_cli(stack: Cli, tmp_path: Path) -> None:
+    slow = tmp_path / "slow.env"
+    slow.write_text(PREVIEW.read_text().replace("FAKE_NUM_STEPS=4", "FAKE_NUM_STEPS=500"))
+    run_id = re.search(r"submitted (\S+)", stack("submit", str(slow)).stdout).group(1)  # type: ignore[union-attr]
+
+    def running() -> bool:
+        return '"running"' in stack("show", run_id, "--json", check=False).stdout
+
+    wait_until(running, 30, "the run to be running")
+    stack("cancel", run_id, "--reason", "test")
+    watched = stack("watch", run_id)
+    assert "run.cancelled" in watched.stdout.splitlines()[-1]
+
+
+def test_the_supervisor_restarts_a_dead_service_and_down_stops_exactly_its_processes(stack: Cli) -> None:
+    state = read_stack_state(stack.home)
+    assert state is not None
+    victim = state.children["launcher"]
+    os.kill(victim.pid, signal.SIGKILL)
+
+    def restarted() -> bool:
+        now = read_stack_state(stack.home)
+        return bool(now and now.children.get("launcher") and now.children["launcher"].pid != victim.pid)
+
+    wait_until(restarted, 30, "the launcher to be restarted")
+    wait_until(lambda: stack("status", check=False).returncode == 0, 30, "every service healthy again")
+    now = read_stack_state(stack.home)
+    assert now is not None and now.children["launcher"].restarts == 1
+    assert "launcher" in stack("status").stdout
+    records = [now.supervisor, *now.children.values()]
+    assert all(is_same_process(r) for r in records)
+    stack("down")
+    assert not any(is_same_process(r) for r in records)
+    assert read_stack_state(stack.home) is None
+    assert "no stack recorded" in stack("status", check=False).stdout
+
+
+def test_up_twice_is_refused_and_a_taken_port_is_named(stack: Cli) -> None:
+    again = stack("up", "--nats-port", str(free_port()), "--tracker-port", str(free_port()), check=False)
+    assert again.returncode == 1 and "already runs" in again.stderr
+    state = read_stack_state(stack.home)
+    assert state is not None
+    other = Cli(stack.home.parent / "other", {**stack.env, "RUNCTL_HOME": str(stack.home.parent / "other")})
+    port = state.nats_url.rsplit(":", 1)[1]
+    taken = other("up", "--nats-port", port, "--tracker-port", str(free_port()), check=False)
+    assert taken.returncode == 1 and f"port {port}" in taken.stderr and "--nats-port" in taken.stderr
+    time.sleep(0)  # nothing to wait for: the refusal is immediate

@@ -1,0 +1,123 @@
+"""Every command the README shows is run here, as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runctl.home import read_stack_state
+from tests.conftest import ROOT, free_port
+
+README = (ROOT / "README.md").read_text()
+BIN = Path(sys.executable).parent
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, re.S)
+
+
+def commands(block: str) -> list[str]:
+    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def env_for(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNCTL_")}
+    env |= {
+        "RUNCTL_HOME": str(home),
+        "RUNCTL_NATS_PORT": str(free_port()),
+        "RUNCTL_TRACKER_PORT": str(free_port()),
+        "PATH": f"{BIN}:{env.get('PATH', '')}",
+    }
+    return env
+
+
+def run(line: str, cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_quick_start_names_exactly_the_two_commands() -> None:
+    assert commands(blocks("bash")[0]) == ["./scripts/demo.sh", "./scripts/test.sh"]
+
+
+def test_the_demo_command_runs_the_preview_through_its_whole_life(tmp_path: Path) -> None:
+    env = env_for(tmp_path / "home")
+    try:
+        result = run("./scripts/demo.sh", ROOT, env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        out = result.stdout
+        assert "stack up" in out and "ENGINE=fake" in out
+        for name in ("config.validated", "run.admitted", "cluster.ready", "step.done", "checkpoint.saved"):
+            assert name in out
+        assert "run.succeeded" in out.rstrip().splitlines()[-1]
+    finally:
+        run(f"{BIN}/runctl down", ROOT, env)
+    assert read_stack_state(tmp_path / "home") is None
+
+
+def test_the_test_command_runs_pytest_with_its_arguments() -> None:
+    result = run("./scripts/test.sh tests/unit/test_state.py -q -p no:cacheprovider", ROOT, dict(os.environ))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"\d+ passed", result.stdout)
+
+
+def test_the_tour_runs_line_by_line_as_written(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "configs" / "examples").mkdir(parents=True)
+    shutil.copy(ROOT / "configs" / "examples" / "preview.env", work / "configs" / "examples")
+    env = env_for(tmp_path / "home")
+    run_id = ""
+    try:
+        for line in commands(blocks("bash")[1]):
+            if "RUN_ID" in line and line.startswith("runctl cancel"):
+                # Cancel a second, long run rather than the finished one.
+                slow = (
+                    (work / "configs" / "examples" / "preview.env")
+                    .read_text()
+                    .replace("FAKE_NUM_STEPS=4", "FAKE_NUM_STEPS=400")
+                )
+                (work / "slow.env").write_text(slow)
+                submitted = run("runctl submit slow.env", work, env)
+                run_id = re.search(r"submitted (\S+)", submitted.stdout).group(1)  # type: ignore[union-attr]
+            result = run(line.replace("RUN_ID", run_id), work, env)
+            assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+            if line.startswith("runctl submit") and "--watch" in line:
+                run_id = re.search(r"submitted (\S+)", result.stdout).group(1)  # type: ignore[union-attr]
+                assert "run.succeeded" in result.stdout
+            if line.startswith("PREFLIGHT_ONLY=1"):
+                assert "nothing was published" in result.stdout
+        assert (work / "my_run.env").exists()
+        assert read_stack_state(tmp_path / "home") is None
+    finally:
+        run("runctl down", work, env)
+
+
+def test_the_sdk_example_runs(tmp_path: Path) -> None:
+    env = env_for(tmp_path / "home")
+    try:
+        assert run("runctl up", ROOT, env).returncode == 0
+        script = tmp_path / "sdk_example.py"
+        script.write_text(blocks("python")[0])
+        result = subprocess.run(
+            [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        names = [line.split()[0] for line in result.stdout.splitlines()]
+        assert names[0] == "config.submitted" and names[-1] == "run.succeeded"
+    finally:
+        run("runctl down", ROOT, env)
+
+
+@pytest.mark.parametrize("block", ["config-table", "event-catalogue"])
+def test_generated_sections_are_up_to_date(block: str) -> None:
+    assert f"<!-- {block}:start -->\n|" in README
+    result = subprocess.run(
+        [sys.executable, "scripts/gen_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
