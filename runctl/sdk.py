@@ -142,8 +142,15 @@ class RunctlClient:
         await (await self.bus()).publish(event)
         return event
 
-    async def watch(self, run_id: str, *, include_trials: bool = True) -> AsyncIterator[Event]:
-        """Every event of a run from its beginning, live, until (and including) the event that ends it."""
+    async def watch(
+        self, run_id: str, *, include_trials: bool = True, trial_grace_s: float = 5.0
+    ) -> AsyncIterator[Event]:
+        """Every event of a run from its beginning, live; the event that ends the run comes last.
+
+        RUNS and TRIALS are read by two ordered consumers, so their events interleave as they arrive; the end
+        event says how many trials the run published, and is held back until they have all been delivered, or
+        until no trial has come for ``trial_grace_s`` (TRIALS is bounded by age and size, so old trials may be gone).
+        """
         bus = await self.bus()
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -152,11 +159,27 @@ class RunctlClient:
 
         streams = [RUNS_STREAM, TRIALS_STREAM] if include_trials else [RUNS_STREAM]
         subs = [await bus.js.subscribe(run_filter(run_id), stream=s, ordered_consumer=True, cb=push) for s in streams]
+        ending: Event | None = None
+        trial_ids: set[str] = set()
         try:
             while True:
-                event = await queue.get()
-                yield event
-                if target_state(event.name) in TERMINAL:
+                if ending is None:
+                    event = await queue.get()
+                else:
+                    try:
+                        event = await asyncio.wait_for(queue.get(), trial_grace_s)
+                    except TimeoutError:
+                        yield ending
+                        return
+                if event.stream == TRIALS_STREAM:
+                    trial_ids.add(event.id)
+                    yield event
+                elif target_state(event.name) in TERMINAL:
+                    ending = event
+                else:
+                    yield event
+                if ending is not None and (not include_trials or len(trial_ids) >= _num_trials(ending)):
+                    yield ending
                     return
         finally:
             for sub in subs:
@@ -199,3 +222,7 @@ class RunctlClient:
                 run_id=run_id,
             ) from e
         return result
+
+
+def _num_trials(ending: Event) -> int:
+    return int(getattr(ending.data, "num_trials", 0))

@@ -244,7 +244,7 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
             raise StackError(f"the stack supervisor exited with {proc.returncode}:\n{_tail(log_path)}")
         state = read_stack_state(base)
         if state is not None and state.supervisor.pid == proc.pid:
-            health = asyncio.run(probe(state, timeout_s=1.0))
+            health = asyncio.run(probe(state.nats_url, state.children, timeout_s=1.0))
             if all(h.get("ok") and h.get("ready", True) for h in health.values()):
                 return state
         time.sleep(0.2)
@@ -285,19 +285,23 @@ def stop(base: Path, timeout_s: float = 40.0) -> list[str]:
     return stopped
 
 
-async def probe(state: StackState, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
-    """Health of the bus and each service: liveness of the recorded PID and a reply on its health subject."""
+async def probe(
+    nats_url: str, children: dict[str, ProcessRecord] | None = None, timeout_s: float = 2.0
+) -> dict[str, dict[str, Any]]:
+    """Health of the bus and of each service: a reply on its health subject, with the PID the stack recorded
+    for it (none for services of a shared cluster, which the embedded stack did not start)."""
     from runctl.bus.client import Bus
     from runctl.subjects import health_subject
 
+    records = children or {}
     result: dict[str, dict[str, Any]] = {}
-    nats_record = state.children.get("nats-server")
+    nats_record = records.get("nats-server")
     try:
-        bus = await Bus.connect(state.nats_url, name="runctl-status")
+        bus = await Bus.connect(nats_url, name="runctl-status")
     except BusUnreachableError as e:
         result["nats-server"] = {"ok": False, "pid": nats_record.pid if nats_record else None, "detail": e.message}
         for name in SERVICES:
-            record = state.children.get(name)
+            record = records.get(name)
             result[name] = {"ok": False, "pid": record.pid if record else None, "detail": "bus unreachable"}
         return result
     try:
@@ -305,12 +309,12 @@ async def probe(state: StackState, timeout_s: float = 2.0) -> dict[str, dict[str
         result["nats-server"] = {
             "ok": True,
             "pid": nats_record.pid if nats_record else None,
-            "detail": f"{state.nats_url}, JetStream streams: {info.streams}",
+            "detail": f"{nats_url}, JetStream streams: {info.streams}",
             "restarts": nats_record.restarts if nats_record else 0,
         }
 
         async def ask(name: str) -> tuple[str, dict[str, Any]]:
-            record = state.children.get(name)
+            record = records.get(name)
             base: dict[str, Any] = {"pid": record.pid if record else None, "restarts": record.restarts if record else 0}
             try:
                 started = time.monotonic()

@@ -14,11 +14,11 @@ PREFIX = "runctl"
 SYSTEM_PREFIX = "_runctl"
 DEADLETTER_STREAM = "DEADLETTER"
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _token(value: str, what: str) -> str:
-    if not _TOKEN.match(value):
+    if not _TOKEN.fullmatch(value):
         raise EventError(
             f"{what} {value!r} cannot be a subject token: use letters, digits, '-' and '_' only "
             "(no dots, spaces or wildcards)."

@@ -89,9 +89,9 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     """A real nats-server with JetStream on a free loopback port, its store in the test's temp folder."""
     port = free_port()
     store = tmp_path / "jetstream"
-    proc = _start_nats(port, store)
-    yield NatsServer(f"nats://127.0.0.1:{port}", port, store, proc)
-    _stop(proc)
+    server = NatsServer(f"nats://127.0.0.1:{port}", port, store, _start_nats(port, store))
+    yield server
+    _stop(server.proc)  # the one running now: a test may have restarted it
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from nats.js import JetStreamContext, api
 from runctl.errors import BusError, BusUnreachableError, EventError, PublishError
 from runctl.events.envelope import Event, parse_event
 from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
-from runctl.subjects import DEADLETTER_STREAM, deadletter_filter, deadletter_subject, event_filter
+from runctl.subjects import DEADLETTER_STREAM, deadletter_filter, deadletter_subject, event_filter, parse_event_subject
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,15 @@ def stream_configs(limits: StreamLimits = StreamLimits()) -> list[api.StreamConf
             name=DEADLETTER_STREAM, subjects=[deadletter_filter()], max_age=limits.deadletter_max_age_s, **common
         ),
     ]
+
+
+def _differs(current: api.StreamConfig, wanted: api.StreamConfig) -> bool:
+    """True if a stream's subjects or limits differ from ours (the server reports "no limit" as 0 or -1)."""
+    return (
+        sorted(current.subjects or []) != sorted(wanted.subjects or [])
+        or (current.max_age or 0) != (wanted.max_age or 0)
+        or (current.max_bytes or -1) != (wanted.max_bytes or -1)
+    )
 
 
 @dataclass(frozen=True)
@@ -207,6 +216,8 @@ class Bus:
                 allow_reconnect=reconnect,
                 # nats-py loops forever on 0; 1 means: try, wait reconnect_time_wait, try once more, give up.
                 max_reconnect_attempts=-1 if reconnect else 1,
+                # A team user of a shared cluster receives replies only under its own prefix (deploy/nats/).
+                inbox_prefix=os.environ.get("RUNCTL_NATS_INBOX_PREFIX", "_INBOX"),
                 reconnect_time_wait=0.5,
                 error_cb=remember,
             )
@@ -226,12 +237,7 @@ class Bus:
                     continue
                 except nats.js.errors.BadRequestError:
                     info = await self.js.stream_info(config.name)  # type: ignore[arg-type]  # lost a race
-            current = info.config
-            if (
-                sorted(current.subjects or []) != sorted(config.subjects or [])
-                or current.max_age != config.max_age
-                or current.max_bytes != config.max_bytes
-            ):
+            if _differs(info.config, config):
                 await self.js.update_stream(config)
 
     async def publish(self, event: Event, timeout_s: float = 5.0) -> api.PubAck:
@@ -398,7 +404,7 @@ class Consumer:
         deliveries: list[Delivery] = []
         for msg in msgs:
             try:
-                deliveries.append(Delivery(parse_event(msg.data), msg))
+                deliveries.append(Delivery(_checked(parse_event(msg.data), msg.subject), msg))
             except EventError as e:
                 self._record_error(e)
                 await self.bus.dead_letter(self.spec.durable, msg, e)
@@ -445,6 +451,25 @@ class Consumer:
         self.stats.errors += 1
         self.stats.last_error = f"{type(error).__name__}: {error}"
         log.warning("%s: %s", self.spec.durable, self.stats.last_error)
+
+
+def _checked(event: Event, subject: str) -> Event:
+    """The event, if its team, run and name are those of the subject it came on.
+
+    NATS permissions decide who may publish on ``runctl.<team>.>``; this makes the envelope unable to claim
+    another team or run than its subject does.
+
+    Raises:
+        EventError: the envelope and the subject disagree.
+    """
+    if parse_event_subject(subject) != (event.team, event.runid, event.name):
+        raise EventError(
+            f"event {event.id} claims team {event.team!r}, run {event.runid!r}, {event.name} but came on {subject}",
+            run_id=event.runid,
+            team=event.team,
+            subject=subject,
+        )
+    return event
 
 
 def each_event(handler: EventHandler) -> BatchHandler:

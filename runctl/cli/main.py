@@ -148,13 +148,15 @@ def validate(
     _console().print("[green]0 fatal problems[/]")
 
 
-async def _watch(client: RunctlClient, run_id: str, first_event_timeout_s: float = 10.0) -> str | None:
+async def _watch(
+    client: RunctlClient, run_id: str, first_event_timeout_s: float = 10.0, trials: bool = True
+) -> str | None:
     """Print a run's events live until it ends; return the final event's name."""
     from runctl.cli.render import event_line
     from runctl.errors import RunNotFoundError
 
     console = _console()
-    events = client.watch(run_id)
+    events = client.watch(run_id, include_trials=trials)
     last: str | None = None
     try:
         first = await asyncio.wait_for(anext(events), first_event_timeout_s)
@@ -183,6 +185,12 @@ def submit(
     if resolved.model.preflight_only:
         console.print("[green]✓[/] preflight passed (PREFLIGHT_ONLY=1): nothing was published or launched.")
         return
+    if resolved.model.dry_run:
+        print(resolved.to_env(), end="")
+        engine = resolved.model.engine
+        console.print(f"[green]✓[/] checks passed (DRY_RUN=1). It would be submitted as a {resolved.run_type} run")
+        console.print(f"  with ENGINE={engine}; nothing was published or launched.")
+        return
     if resolved.model.engine == "fake":
         console.print("[magenta]ENGINE=fake[/]: no model runs; every number this run reports is synthetic.")
 
@@ -200,12 +208,15 @@ def submit(
 
 
 @app.command()
-def watch(run_id: RunArg) -> None:
+def watch(
+    run_id: RunArg,
+    trials: Annotated[bool, typer.Option(help="Show every trial.finished (hundreds per step on a real run).")] = True,
+) -> None:
     """Show a run's events live, from its beginning until it ends."""
 
     async def go() -> str | None:
         async with _client() as client:
-            return await _watch(client, run_id)
+            return await _watch(client, run_id, trials=trials)
 
     final = _run(go)
     if final in ("run.failed", "config.rejected"):
@@ -293,7 +304,7 @@ def up(
     state = _call(lambda: stack.start(base, nats_port, tracker_port, timeout))
     console = _console()
     console.print(f"[green]stack up[/] in {base}: bus {state.nats_url}, tracker {state.tracker_url}")
-    _print_status(state)
+    _print_status(state.nats_url, state.children)
 
 
 @app.command()
@@ -308,12 +319,12 @@ def down() -> None:
     _console().print("stopped " + ", ".join(stopped))
 
 
-def _print_status(state: Any) -> bool:
+def _print_status(nats_url: str, children: dict[str, Any]) -> bool:
     from rich.table import Table
 
     from runctl import stack
 
-    health = asyncio.run(stack.probe(state))
+    health = asyncio.run(stack.probe(nats_url, children))
     table = Table(box=None, pad_edge=False)
     for column in ("component", "pid", "health", "restarts", "detail"):
         table.add_column(column)
@@ -326,18 +337,24 @@ def _print_status(state: Any) -> bool:
 
 @app.command()
 def status() -> None:
-    """Health of the bus and of every service of the embedded stack (or of RUNCTL_NATS_URL's)."""
+    """Health of the bus and of every service: the embedded stack's, or the cluster's at RUNCTL_NATS_URL."""
     from runctl.home import is_same_process, read_stack_state
 
-    state = _call(read_stack_state)
     console = _console()
+    explicit = os.environ.get("RUNCTL_NATS_URL")
+    state = _call(read_stack_state)
+    if explicit and (state is None or state.nats_url != explicit):
+        console.print(f"bus {explicit} (RUNCTL_NATS_URL)")
+        if not _print_status(explicit, {}):
+            raise typer.Exit(1)
+        return
     if state is None:
-        console.print(f"no stack recorded in {_home()}. Fix: `runctl up` (or set RUNCTL_HOME).")
+        console.print(f"no stack recorded in {_home()}. Fix: `runctl up`, or set RUNCTL_NATS_URL to a cluster's bus.")
         raise typer.Exit(1)
     alive = is_same_process(state.supervisor)
     mark = "[green]running[/]" if alive else "[red]not running[/]"
     console.print(f"supervisor PID {state.supervisor.pid}: {mark}")
-    if not _print_status(state) or not alive:
+    if not _print_status(state.nats_url, state.children) or not alive:
         raise typer.Exit(1)
 
 

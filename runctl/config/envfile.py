@@ -9,7 +9,7 @@ VALUE is unquoted (up to an inline comment, trailing blanks trimmed), double-quo
 may span lines) or single-quoted (literal, may span lines). Unquoted and double-quoted values interpolate
 ``${VAR}``, ``${VAR:-default}`` (default when unset or empty) and ``${VAR-default}`` (default when unset); a
 default may itself interpolate. Nothing else of the shell exists: no command substitution, no ``$VAR`` without
-braces, no word splitting.
+braces, no word splitting: ``$NAME``, ``$(…)`` and backquotes are errors rather than literal text.
 
 Parsing yields :class:`Entry` objects whose values are still templates; :func:`expand` fills them in with a
 lookup supplied by the layering code, so that interpolation can see earlier keys and lower layers.
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from runctl.errors import ConfigError, ConfigIssue
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MAX_NESTING = 16
 _DOUBLE_ESCAPES = {'"': '"', "\\": "\\", "$": "$", "n": "\n", "t": "\t", "`": "`"}
 
 
@@ -47,6 +48,8 @@ class Entry:
     parts: tuple[Part, ...]
     path: str
     line: int
+    end_line: int = 0
+    """Last line the assignment spans (a quoted value may span several); 0 means ``line``."""
 
     @property
     def where(self) -> str:
@@ -59,6 +62,7 @@ class _Scanner:
         self.path = path
         self.pos = 0
         self.line = 1
+        self.depth = 0
 
     def fail(self, message: str, fix: str = "", key: str | None = None) -> ConfigError:
         return ConfigError([ConfigIssue(self.path, self.line, key, message, fix, code="schema.syntax")])
@@ -139,7 +143,7 @@ class _Scanner:
         self.pos += 1
         self.skip_blanks()
         parts = self.value(key)
-        return Entry(key=key, parts=tuple(_merge(parts)), path=self.path, line=line)
+        return Entry(key=key, parts=tuple(_merge(parts)), path=self.path, line=line, end_line=self.line)
 
     def value(self, key: str) -> list[Part]:
         ch = self.peek()
@@ -187,6 +191,7 @@ class _Scanner:
                 buf = []
                 parts.append(self.reference(key))
                 continue
+            self.refuse_shell_expansion(key)
             buf.append(self.advance())
         parts.append("".join(buf))
         # Trim trailing blanks of the last literal part (and the blanks before an inline comment).
@@ -221,11 +226,41 @@ class _Scanner:
                 buf = []
                 parts.append(self.reference(key))
                 continue
+            self.refuse_shell_expansion(key)
             buf.append(self.advance())
         parts.append("".join(buf))
         return parts
 
+    def refuse_shell_expansion(self, key: str) -> None:
+        """``$NAME`` and ``$(…)`` would expand in the shell this file once was; here they would stay literal text
+        and silently mean something else, so they are errors."""
+        if self.peek() == "`":
+            raise self.fail(
+                f"{key}: a backquote is shell command substitution; nothing here is executed.",
+                "wrap the value in single quotes to keep the backquote as text.",
+                key,
+            )
+        if self.peek() != "$":
+            return
+        after = self.peek(1)
+        if after == "(" or after == "_" or after.isalpha():
+            shown = "$(...)" if after == "(" else f"${_KEY.match(self.text, self.pos + 1).group()}"  # type: ignore[union-attr]
+            raise self.fail(
+                f"{key}: {shown} is shell syntax; nothing here is executed or expanded that way.",
+                "write ${NAME} to use a value, or \\$ (or single quotes) for a literal '$'.",
+                key,
+            )
+
     def reference(self, key: str) -> Ref:
+        self.depth += 1
+        if self.depth > _MAX_NESTING:
+            raise self.fail(f"{key}: defaults nested more than {_MAX_NESTING} deep.", "simplify the value.", key)
+        try:
+            return self._reference(key)
+        finally:
+            self.depth -= 1
+
+    def _reference(self, key: str) -> Ref:
         self.pos += 2  # ${
         match = _KEY.match(self.text, self.pos)
         if not match:
@@ -274,7 +309,7 @@ def parse_env(text: str, path: str = "<string>") -> list[Entry]:
     Raises:
         ConfigError: on any syntax problem, naming the file and line.
     """
-    return _Scanner(text, path).parse()
+    return _Scanner(text.removeprefix("\ufeff"), path).parse()
 
 
 Lookup = Callable[[str], str | None]

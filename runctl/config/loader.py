@@ -63,15 +63,17 @@ class ResolvedConfig:
         return out
 
     def redacted_text(self) -> str:
-        """The raw config text with secret values blanked, safe to publish and store."""
+        """The raw config text with every assignment of a secret key blanked (all the lines it spans), safe to
+        publish and store. Line numbers stay as they were."""
         lines = self.raw_text.splitlines(keepends=True)
-        for key in self.secrets:
-            setting = self.settings.get(key)
-            if setting is None or setting.layer != "run":
+        for entry in parse_env(self.raw_text, self.path):
+            if entry.key not in self.secrets:
                 continue
-            line_no = int(setting.source.rsplit(":", 1)[1])
-            prefix = lines[line_no - 1].split("=", 1)[0]
-            lines[line_no - 1] = f"{prefix}={REDACTED}\n"
+            first, last = entry.line - 1, max(entry.line, entry.end_line) - 1
+            prefix = lines[first].split("=", 1)[0]
+            lines[first] = f"{prefix}={REDACTED}\n"
+            for index in range(first + 1, min(last, len(lines) - 1) + 1):
+                lines[index] = "\n"
         return "".join(lines)
 
     def to_env(self) -> str:
@@ -100,7 +102,7 @@ def site_env_path(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def _read(path: Path, what: str) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError as e:
         issue = ConfigIssue(str(path), None, None, f"{what} not found.", "check the path.", code="schema.file")
         raise ConfigError([issue]) from e
@@ -280,23 +282,33 @@ def _help(run_type: RunType, key: str) -> str:
 def _run_type(entries: list[Entry], path: str, given: RunType | None, environ: Mapping[str, str]) -> RunType:
     if given is not None:
         return given
-    for entry in reversed(entries):
+    earlier: dict[str, str] = {}
+    found: tuple[Entry, str] | None = None
+    for entry in entries:
+        try:
+            earlier[entry.key] = expand(entry, lambda name: earlier.get(name, environ.get(name)))
+        except ConfigError:
+            if entry.key == "RUN_TYPE":
+                raise
+            continue
         if entry.key == "RUN_TYPE":
-            value = expand(entry, environ.get)
-            if value in RUN_TYPES:
-                return value
-            raise ConfigError(
-                [
-                    ConfigIssue(
-                        path,
-                        entry.line,
-                        "RUN_TYPE",
-                        f"RUN_TYPE={value!r} is not a run type.",
-                        f"allowed: {', '.join(RUN_TYPES)}.",
-                        code="schema.value",
-                    )
-                ]
-            )
+            found = (entry, earlier[entry.key])
+    if found is not None:
+        entry, value = found
+        if value in RUN_TYPES:
+            return value
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    path,
+                    entry.line,
+                    "RUN_TYPE",
+                    f"RUN_TYPE={value!r} is not a run type.",
+                    f"allowed: {', '.join(RUN_TYPES)}.",
+                    code="schema.value",
+                )
+            ]
+        )
     raise ConfigError(
         [
             ConfigIssue(
@@ -336,7 +348,7 @@ def resolve_text(
     model = resolver.build()
     if resolver.issues or model is None:
         raise ConfigError(sorted(resolver.issues, key=lambda i: (i.path != path, i.line or 0)))
-    secrets = frozenset(key for key in resolver.settings if is_secret(kind, key))
+    secrets = frozenset(key for key in all_keys() if any(is_secret(t, key) for t in RUN_TYPES))
     return ResolvedConfig(path, kind, model, resolver.settings, text, site_path, secrets)
 
 

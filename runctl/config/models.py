@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticUseDefault
 
 RunType = Literal["train", "eval", "infer"]
 RUN_TYPES: tuple[RunType, ...] = ("train", "eval", "infer")
@@ -35,12 +35,19 @@ class Section(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _empty_means_unset(cls, value: Any, info: Any) -> Any:
-        # An .env file can only say "" or "null" for "not set"; optional fields treat both as None.
+    def _empty_means_default(cls, value: Any, info: Any) -> Any:
+        # An .env file can only say "" for "not set": an optional key takes its default, a required one is an
+        # error. "null" / "None" also mean unset where the default is None (Lego-RL configs write ROLLOUT_IS=null).
+        if not isinstance(value, str):
+            return value
         field = cls.model_fields[info.field_name]
-        if isinstance(value, str) and value.strip() in ("", "null", "None") and not field.is_required():
-            if field.default is None:
-                return None
+        text = value.strip()
+        if text == "":
+            if field.is_required():
+                raise PydanticCustomError("empty", "it must not be empty")
+            raise PydanticUseDefault()
+        if text in ("null", "None") and not field.is_required() and field.default is None:
+            return None
         return value
 
 
@@ -157,7 +164,8 @@ class FlagsSection(Section):
     preflight_only: bool = False
     """Run every check and stop: nothing is launched or published. Set as PREFLIGHT_ONLY=1 in the environment."""
     dry_run: bool = False
-    """Run the checks and print the fully expanded launch command without launching. Environment only."""
+    """Run the checks and print the resolved config (every key, its value and the layer that set it) and what would
+    be launched, without launching or publishing. Environment only."""
 
 
 class FakeEngineSection(Section):

@@ -75,10 +75,27 @@ def render_reference_table() -> str:
                 if key in seen:
                     continue
                 seen.add(key)
-                default = _default_text(run_type, key)
-                shown = "*required*" if default is None else (f"`{default}`" if default else "unset")
-                if key == "RUN_TYPE":
-                    shown = "*required*"
-                doc = _doc(section, key).replace("|", "\\|")
-                rows.append(f"| `{key}` | {', '.join(applies[key])} | {shown} | {doc} |")
+                types = applies[key]
+                defaults = {t: _shown_default(t, key) for t in types}
+                docs = {t: _doc(_section_of(t, key), key).replace("|", "\\|") for t in types}
+                rows.append(f"| `{key}` | {', '.join(types)} | {_per_type(defaults)} | {_per_type(docs, ' ')} |")
     return "\n".join(rows) + "\n"
+
+
+def _shown_default(run_type: RunType, key: str) -> str:
+    default = _default_text(run_type, key)
+    if default is None or key == "RUN_TYPE":
+        return "*required*"
+    return f"`{default}`" if default else "unset"
+
+
+def _section_of(run_type: RunType, key: str) -> type[Section]:
+    return next(s for s in SECTIONS[run_type] if key in section_keys(s))
+
+
+def _per_type(values: dict[RunType, str], sep: str = "; ") -> str:
+    """One value when every run type agrees, else ``eval: …; infer: …``."""
+    distinct = set(values.values())
+    if len(distinct) == 1:
+        return distinct.pop()
+    return sep.join(f"*{run_type}:* {value}" for run_type, value in values.items())

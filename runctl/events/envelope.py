@@ -17,7 +17,7 @@ from runctl.subjects import event_subject
 class Event(BaseModel):
     """A CloudEvent carrying a typed runctl payload; ``team`` and ``runid`` are extension attributes."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
     specversion: Literal["1.0"] = "1.0"
     id: str
     source: str

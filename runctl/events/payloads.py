@@ -23,7 +23,8 @@ TerminationReason = Literal["agent_completed", "timeout", "overlong", "max_turns
 class Payload(BaseModel):
     """Base of every event payload."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN and infinities (a diverged loss) travel as the strings "NaN" / "Infinity": valid JSON that parses back.
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
     event_name: ClassVar[str]
     publisher: ClassVar[str]
     version: ClassVar[int] = 1
@@ -163,6 +164,8 @@ class RunSucceeded(Payload):
     summary: dict[str, Any] = Field(default_factory=dict)
     score: float | None = None
     synthetic: bool = False
+    num_trials: int = Field(0, ge=0)
+    """How many trial.finished events the run published, so a reader knows when it has them all."""
 
 
 class RunFailed(Payload):
@@ -171,6 +174,8 @@ class RunFailed(Payload):
     phase: Phase | Literal["admission"]
     error_type: str
     message: str
+    num_trials: int = Field(0, ge=0)
+    """How many trial.finished events the run published, so a reader knows when it has them all."""
 
 
 class RunCancelled(Payload):
@@ -178,6 +183,8 @@ class RunCancelled(Payload):
     publisher: ClassVar[str] = "launcher"
     requested_by: str
     phase: Phase | Literal["admission", "queue"]
+    num_trials: int = Field(0, ge=0)
+    """How many trial.finished events the run published, so a reader knows when it has them all."""
 
 
 class CancelRequested(Payload):

@@ -9,13 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+import nats.errors
+import nats.js.errors
 
 from runctl.bus import Bus, ConsumerSpec, each_event
 from runctl.config.loader import validate_settings
 from runctl.config.models import RunConfig
-from runctl.errors import ConfigError, RunctlError
+from runctl.errors import BusError, ConfigError, EventError, RunctlError
 from runctl.events import (
     CancelRequested,
     ConfigSubmitted,
@@ -39,6 +44,7 @@ from services.launcher.ledger import Ledger, LedgerEntry
 
 log = logging.getLogger(__name__)
 
+RETRY_WINDOW_S = 60.0
 CONSUMER = ConsumerSpec(
     durable="launcher",
     stream=RUNS_STREAM,
@@ -58,18 +64,25 @@ def resources_for(config: RunConfig) -> dict[str, float]:
 
 
 class Launcher:
-    def __init__(self, bus: Bus, ledger: Ledger, source: str) -> None:
+    """Carries runs. ``on_fatal`` is called when the bus or the ledger stays unreachable past the retry window:
+    the service then stops (and is restarted), leaving its runs active for the next launcher to resume."""
+
+    def __init__(self, bus: Bus, ledger: Ledger, source: str, on_fatal: Callable[[], None] | None = None) -> None:
         self.bus = bus
         self.ledger = ledger
         self.source = source
+        self.on_fatal = on_fatal or (lambda: None)
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.cancels: dict[str, asyncio.Event] = {}
         self.cancel_by: dict[str, str] = {}
 
     async def publish(self, payload: Payload, team: str, run_id: str, key: str) -> None:
-        await self.bus.publish(
-            new_event(payload, team=team, run_id=run_id, source=self.source, event_id=f"{run_id}.{key}")
-        )
+        """Publish with retries: the id is deterministic, so a retry can never record an event twice."""
+        event = new_event(payload, team=team, run_id=run_id, source=self.source, event_id=f"{run_id}.{key}")
+        await _retrying(lambda: self.bus.publish(event), f"publish {event.name} of {run_id}")
+
+    async def record(self, run_id: str, entry: LedgerEntry) -> None:
+        await _retrying(lambda: self.ledger.put(run_id, entry), f"record {run_id} in the ledger")
 
     async def handle(self, event: Event) -> None:
         if isinstance(event.data, ConfigValidated):
@@ -79,7 +92,16 @@ class Launcher:
 
     async def submitted_config(self, team: str, run_id: str) -> tuple[ConfigSubmitted, RunConfig]:
         """The run's config, read back from its ``config.submitted`` event (the event log is the truth)."""
-        msg = await self.bus.js.get_last_msg(RUNS_STREAM, event_subject(team, run_id, ConfigSubmitted.event_name))
+        subject = event_subject(team, run_id, ConfigSubmitted.event_name)
+        try:
+            msg = await self.bus.js.get_last_msg(RUNS_STREAM, subject)
+        except nats.js.errors.NotFoundError as e:
+            raise LauncherError(
+                f"no config.submitted for run {run_id} of team {team} in the {RUNS_STREAM} stream, so there is "
+                "nothing to launch. Fix: submit the config again.",
+                run_id=run_id,
+                team=team,
+            ) from e
         submitted = parse_event(msg.data or b"").data
         assert isinstance(submitted, ConfigSubmitted)
         values = {k: row.get("value") for k, row in submitted.resolved.items() if row.get("layer") != "default"}
@@ -87,7 +109,7 @@ class Launcher:
 
     async def admit(self, event: Event) -> None:
         team, run_id = event.team, event.runid
-        if await self.ledger.get(run_id) is not None:
+        if run_id in self.tasks or await self.ledger.get(run_id) is not None:
             return  # already admitted, running, ended or cancelled before admission
         try:
             _, config = await self.submitted_config(team, run_id)
@@ -103,7 +125,7 @@ class Launcher:
             run_id,
             "admitted",
         )
-        await self.ledger.put(run_id, LedgerEntry(team=team, state="active"))
+        await self.record(run_id, LedgerEntry(team=team, state="active"))
         self.start(team, run_id, config, {})
 
     def start(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
@@ -120,38 +142,52 @@ class Launcher:
             await self.publish(payload, team, run_id, key)
 
         async def save(state: dict[str, Any]) -> None:
-            await self.ledger.put(run_id, LedgerEntry(team=team, state="active", progress=state))
+            await self.record(run_id, LedgerEntry(team=team, state="active", progress=state))
 
         ctx = RunContext(run_id, team, config, run_dir, emit, save, dict(progress), self.cancels[run_id])
         try:
             engine = make_engine(config.engine)
             outcome = await engine.run(ctx)
+        except BusError as e:
+            # The bus or the ledger stayed unreachable: the run is not over, only this launcher's part in it.
+            log.error("%s: %s; stopping so that a restarted launcher resumes the run", run_id, e)
+            self.on_fatal()
         except RunCancelledError:
-            await self.end(team, run_id, RunCancelled(requested_by=self.cancel_by.get(run_id, "?"), phase=ctx.phase))
+            by = self.cancel_by.get(run_id, "?")
+            await self.end(team, run_id, RunCancelled(requested_by=by, phase=ctx.phase, num_trials=ctx.num_trials))
         except EngineError as e:
-            await self.end_failed(team, run_id, e.phase, e)
+            await self.end_failed(team, run_id, e.phase, e, ctx.num_trials)
         except RunctlError as e:
-            await self.end_failed(team, run_id, ctx.phase, e)
+            await self.end_failed(team, run_id, ctx.phase, e, ctx.num_trials)
         else:
-            payload = RunSucceeded(summary=outcome.summary, score=outcome.score, synthetic=outcome.synthetic)
+            payload = RunSucceeded(
+                summary=outcome.summary, score=outcome.score, synthetic=outcome.synthetic, num_trials=ctx.num_trials
+            )
             await self.end(team, run_id, payload)
 
     async def end(self, team: str, run_id: str, payload: Payload) -> None:
         await self.publish(payload, team, run_id, "end")
-        await self.ledger.put(run_id, LedgerEntry(team=team, state="ended", outcome=payload.event_name))
+        await self.record(run_id, LedgerEntry(team=team, state="ended", outcome=payload.event_name))
         log.info("%s %s", run_id, payload.event_name)
 
-    async def end_failed(self, team: str, run_id: str, phase: str, error: BaseException) -> None:
-        payload = RunFailed(phase=phase, error_type=type(error).__name__, message=str(error))
+    async def end_failed(self, team: str, run_id: str, phase: str, error: BaseException, num_trials: int = 0) -> None:
+        payload = RunFailed(phase=phase, error_type=type(error).__name__, message=str(error), num_trials=num_trials)
         await self.end(team, run_id, payload)
 
     async def cancel(self, team: str, run_id: str, requested_by: str) -> None:
+        entry = await self.ledger.get(run_id)
+        if entry is not None and entry.team != team:
+            log.warning("cancel of %s by team %s ignored: the run belongs to team %s", run_id, team, entry.team)
+            return
         self.cancel_by[run_id] = requested_by
         if run_id in self.cancels:
             self.cancels[run_id].set()
-            return
-        entry = await self.ledger.get(run_id)
-        if entry is None:
+        elif entry is None:
+            try:
+                await self.submitted_config(team, run_id)
+            except (ConfigError, LauncherError):
+                log.warning("cancel of %s by team %s ignored: that team submitted no such run", run_id, team)
+                return
             # Not admitted yet: record the cancel so a later config.validated does not start it.
             await self.end(team, run_id, RunCancelled(requested_by=requested_by, phase="queue"))
         elif entry.state == "active":
@@ -162,8 +198,8 @@ class Launcher:
         for run_id, entry in (await self.ledger.active()).items():
             try:
                 _, config = await self.submitted_config(entry.team, run_id)
-            except (ConfigError, LauncherError) as e:
-                await self.end_failed(entry.team, run_id, "admission", e)
+            except (ConfigError, LauncherError, EventError) as e:
+                await self.end_failed(entry.team, run_id, "admission", e, int(entry.progress.get("num_trials", 0)))
                 continue
             log.info("resuming %s from %s", run_id, entry.progress)
             self.start(entry.team, run_id, config, entry.progress)
@@ -175,9 +211,29 @@ class Launcher:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
 
+async def _retrying(action: Callable[[], Awaitable[object]], what: str, window_s: float = RETRY_WINDOW_S) -> None:
+    """Retry an idempotent bus operation through a short outage (the connection reconnects by itself).
+
+    Raises:
+        BusError: still failing after ``window_s`` seconds.
+    """
+    deadline = time.monotonic() + window_s
+    delay = 0.2
+    while True:
+        try:
+            await action()
+            return
+        except (BusError, nats.errors.Error, nats.js.errors.Error, TimeoutError) as e:
+            if time.monotonic() + delay > deadline:
+                raise BusError(f"could not {what} for {window_s:.0f}s: {type(e).__name__}: {e}") from e
+            log.warning("could not %s (%s); retrying in %.1fs", what, type(e).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 async def main(runtime: ServiceRuntime) -> None:
     assert runtime.bus is not None
-    launcher = Launcher(runtime.bus, await Ledger.open(runtime.bus), runtime.source)
+    launcher = Launcher(runtime.bus, await Ledger.open(runtime.bus), runtime.source, runtime.request_stop)
     runtime.health_info(lambda: {"active_runs": sorted(launcher.tasks), "pid": os.getpid()})
     runtime.on_stop(launcher.stop)
     await launcher.resume()

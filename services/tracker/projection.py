@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from datetime import datetime
 
@@ -22,6 +24,8 @@ from runctl.events import (
 )
 from runctl.events.state import TERMINAL
 from services.tracker.db import EventRow, RunRow
+
+log = logging.getLogger(__name__)
 
 
 def project(session: Session, batch: list[tuple[Event, int]]) -> list[str]:
@@ -57,7 +61,7 @@ def project(session: Session, batch: list[tuple[Event, int]]) -> list[str]:
                 "stream": event.stream,
                 "stream_seq": seq,
                 "ingested_at": now,
-                "data": event.data.model_dump(mode="json"),
+                "data": json.loads(event.data.model_dump_json()),  # JSON-safe: NaN stays the string "NaN"
             }
             for event, seq in fresh
         ],
@@ -71,6 +75,12 @@ def project(session: Session, batch: list[tuple[Event, int]]) -> list[str]:
                 run = RunRow(run_id=event.runid, team=event.team, num_trials=0, num_events=0, synthetic=False)
                 session.add(run)
                 runs[event.runid] = run
+            if run.team != event.team:
+                # Stored in the log, but another team cannot change this run's record.
+                log.warning(
+                    "event %s from team %s ignored for run %s of team %s", event.id, event.team, run.run_id, run.team
+                )
+                continue
             apply_to_run(run, event)
     return [event.id for event, _ in fresh]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runctl.home import is_same_process, read_stack_state
-from tests.conftest import ROOT, free_port, wait_until
+from tests.conftest import ROOT, Services, free_port, wait_until
 
 RUNCTL = str(Path(sys.executable).parent / "runctl")
 PREVIEW = ROOT / "configs" / "examples" / "preview.env"
@@ -118,9 +118,12 @@ def test_commands_that_need_the_bus_say_so_in_one_line_when_it_is_down(cli: Cli)
         assert "runctl up" in errors[0] and "RUNCTL_NATS_URL" in errors[0]
 
 
-def test_preflight_only_validates_and_publishes_nothing(stack: Cli) -> None:
+def test_preflight_only_and_dry_run_validate_and_publish_nothing(stack: Cli) -> None:
     result = stack("submit", str(PREVIEW), PREFLIGHT_ONLY="1")
     assert "nothing was published" in result.stdout
+    dry = stack("submit", str(PREVIEW), DRY_RUN="1")
+    assert "nothing was published" in dry.stdout
+    assert 'ENGINE="fake"  # run:' in dry.stdout and 'DRY_RUN="1"  # env: environment $DRY_RUN' in dry.stdout
     assert "no runs recorded yet" in stack("runs").stdout
     assert _stream_messages(stack.home, "RUNS") == 0
 
@@ -161,6 +164,9 @@ def test_the_whole_tour_on_the_embedded_stack(stack: Cli) -> None:
     assert record["run"]["state"] == "succeeded" and record["run"]["synthetic"] is True
     watched = stack("watch", run_id).stdout
     assert watched.count("step.done") == 4 and watched.rstrip().splitlines()[-1].find("run.succeeded") > 0
+    assert watched.count("trial.finished") == 32
+    quiet = stack("watch", run_id, "--no-trials").stdout
+    assert "trial.finished" not in quiet and quiet.count("step.done") == 4
     missing = stack("show", "no-such-run", check=False)
     assert missing.returncode == 1 and missing.stderr.startswith("RunNotFoundError")
 
@@ -212,3 +218,20 @@ def test_up_twice_is_refused_and_a_taken_port_is_named(stack: Cli) -> None:
     taken = other("up", "--nats-port", port, "--tracker-port", str(free_port()), check=False)
     assert taken.returncode == 1 and f"port {port}" in taken.stderr and "--nats-port" in taken.stderr
     time.sleep(0)  # nothing to wait for: the refusal is immediate
+
+
+def test_status_probes_a_cluster_bus_given_by_url(services: Services, cli: Cli) -> None:
+    services.start("validator")
+    result = cli("status", check=False, RUNCTL_NATS_URL=services.nats_url)
+    assert result.returncode == 1
+    assert re.search(r"validator\s+\d+\s+ok", result.stdout), result.stdout
+    assert re.search(r"launcher\s+—\s+down", result.stdout), result.stdout
+
+
+def test_submit_watch_exits_1_when_the_run_fails(stack: Cli, tmp_path: Path) -> None:
+    failing = tmp_path / "failing.env"
+    failing.write_text(PREVIEW.read_text() + "FAKE_FAIL_AT=replicas\n")
+    result = stack("submit", str(failing), "--watch", check=False, timeout=60)
+    assert result.returncode == 1
+    last = result.stdout.rstrip().splitlines()[-1]
+    assert "run.failed" in last and "in phase replicas" in last

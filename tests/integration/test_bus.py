@@ -187,3 +187,37 @@ async def test_publish_many_without_a_stream_raises_publish_error(nats_server: N
         assert "NoStreamResponseError" in info.value.message
     finally:
         await bare.close()
+
+
+async def test_an_envelope_that_claims_another_team_than_its_subject_is_dead_lettered(bus: Bus) -> None:
+    spec = ConsumerSpec(durable="t-forged", stream=RUNS_STREAM, filter_subjects=[event_filter("step.done")])
+    forged = step(1)  # claims team nlp, run r-1
+    await bus.js.publish(event_subject("vision", "r-1", "step.done"), forged.to_json())
+    handled: list[str] = []
+
+    async def handler(batch: list[Delivery]) -> None:
+        handled.extend(d.event.id for d in batch)
+
+    consumer = await bus.consumer(spec)
+    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
+
+    async def parked() -> bool:
+        return (await bus.js.stream_info(DEADLETTER_STREAM)).state.messages == 1
+
+    await async_wait_until(parked, 10, "the forged event in DEADLETTER")
+    consumer.stop()
+    await task
+    assert handled == []
+
+
+async def test_watch_ends_after_a_grace_when_the_trials_it_was_promised_are_gone(
+    bus: Bus, nats_server: NatsServer
+) -> None:
+    from runctl.events import RunSucceeded
+    from runctl.sdk import RunctlClient
+
+    ending = new_event(RunSucceeded(num_trials=5), team="nlp", run_id="r-9", source="/t")
+    await bus.publish_many([step(1, run_id="r-9"), ending])
+    async with RunctlClient(nats_server.url, "http://127.0.0.1:1") as client:
+        names = [e.name async for e in client.watch("r-9", trial_grace_s=0.3)]
+    assert names == ["step.done", "run.succeeded"]

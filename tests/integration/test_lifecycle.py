@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,41 @@ def test_a_launcher_stopped_gracefully_mid_run_hands_the_run_to_the_next_one(
     record = wait_for_state(services, run_id, "succeeded", timeout_s=90)
     assert [e["name"] for e in record["events"]].count("run.succeeded") == 1
     assert len(record["events"]) == len(expected_names(num_steps=6, n_resp=2, save_freq=2))
+
+
+def test_another_team_can_neither_cancel_nor_fail_a_run(services: Services, tmp_path: Path) -> None:
+    from runctl.events import CancelRequested, RunFailed
+
+    start_core(services)
+    run_id = submit(services, fake_config(tmp_path, FAKE_NUM_STEPS="8", FAKE_STEP_DELAY_SEC="0.05"))
+    wait_for_events(services, run_id, 10)
+
+    async def interfere() -> None:
+        bus = await Bus.connect(services.nats_url)
+        try:
+            await bus.publish(
+                new_event(CancelRequested(requested_by="mallory"), team="vision", run_id=run_id, source="/x")
+            )
+            failed = RunFailed(phase="loop", error_type="Forged", message="not really")
+            await bus.publish(new_event(failed, team="vision", run_id=run_id, source="/x"))
+        finally:
+            await bus.close()
+
+    asyncio.run(interfere())
+    record = wait_for_state(services, run_id, "succeeded", timeout_s=90)
+    assert record["run"]["error"] is None
+    assert record["run"]["team"] == "nlp"
+
+
+def test_a_run_survives_a_bus_outage(services: Services, nats_server: Any, tmp_path: Path) -> None:
+    from tests.conftest import _start_nats, _stop
+
+    start_core(services)
+    run_id = submit(services, fake_config(tmp_path, FAKE_NUM_STEPS="6", FAKE_STEP_DELAY_SEC="0.05"))
+    wait_for_events(services, run_id, 20)
+    _stop(nats_server.proc)
+    time.sleep(3)  # the outage itself: nothing to wait for, the bus is simply gone for a while
+    nats_server.proc = _start_nats(nats_server.port, nats_server.store)
+    record = wait_for_state(services, run_id, "succeeded", timeout_s=120)
+    assert len(record["events"]) == len(expected_names(num_steps=6, n_resp=2, save_freq=2))
+    assert all(services.procs[name].poll() is None for name in ("validator", "launcher", "tracker"))

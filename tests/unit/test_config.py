@@ -277,3 +277,33 @@ def test_key_names_from_the_source_system_are_known() -> None:
 def test_engine_fake_is_never_the_default() -> None:
     for text in (TRAIN, EVAL, INFER):
         assert resolve_text(text, "run.env", environ={}).model.engine == "local"
+
+
+def test_an_empty_value_means_the_default_and_an_empty_required_key_is_an_error() -> None:
+    model = resolve_text(TRAIN + "TOOL_CALL_PARSER=\nLOGGER=\nGEN_TP=\n", "run.env", environ={}).model
+    assert (model.tool_call_parser, model.logger, model.gen_tp) == ("hermes", "console", 4)
+    found = issues(TRAIN.replace("MODEL_PATH=/m", "MODEL_PATH="))
+    assert found == [(4, "MODEL_PATH", "schema.value")]
+
+
+def test_run_type_may_interpolate_and_an_extra_key_is_named_as_unknown_not_as_undefined() -> None:
+    from_env = resolve_text(EVAL.replace("RUN_TYPE=eval", "RUN_TYPE=${KIND}"), "r.env", environ={"KIND": "eval"})
+    assert from_env.run_type == "eval"
+    found = issues("KIND=eval\n" + EVAL.replace("RUN_TYPE=eval", "RUN_TYPE=${KIND}"))
+    assert found == [(1, "KIND", "schema.unknown_key")]
+
+
+def test_every_assignment_of_a_secret_is_redacted_across_all_its_lines() -> None:
+    text = TRAIN + 'WANDB_API_KEY=first-secret\nLOGGER=wandb\nWANDB_API_KEY="multi\nline-secret"\nGEN_TP=2\n'
+    resolved = resolve_text(text, "run.env", environ={})
+    redacted = resolved.redacted_text()
+    assert "first-secret" not in redacted and "line-secret" not in redacted
+    assert redacted.count("WANDB_API_KEY=***") == 2
+    assert len(redacted.splitlines()) == len(text.splitlines())
+    assert redacted.splitlines()[-1] == "GEN_TP=2"
+
+
+def test_a_file_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
+    config = tmp_path / "bom.env"
+    config.write_text("\ufeff" + TRAIN, encoding="utf-8")
+    assert load_config(config, environ={}).run_type == "train"

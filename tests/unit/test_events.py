@@ -108,3 +108,22 @@ def test_subject_tokens_refuse_dots_spaces_and_wildcards(bad: str) -> None:
 def test_parse_event_subject_refuses_foreign_subjects() -> None:
     with pytest.raises(EventError):
         parse_event_subject("other.nlp.r.step.done")
+
+
+def test_non_finite_numbers_travel_as_strings_and_parse_back() -> None:
+    import math
+
+    event = new_event(
+        StepDone(step=1, metrics={"loss": float("nan"), "kl": float("inf")}), team="t", run_id="r", source="/s"
+    )
+    raw = event.to_json()
+    assert b'"NaN"' in raw and b'"Infinity"' in raw
+    json.loads(raw)  # plain JSON, no bare NaN tokens
+    parsed = parse_event(raw)
+    assert isinstance(parsed.data, StepDone)
+    assert math.isnan(parsed.data.metrics["loss"]) and parsed.data.metrics["kl"] == math.inf
+
+
+def test_a_trailing_newline_is_not_a_valid_subject_token() -> None:
+    with pytest.raises(EventError):
+        event_subject("demo", "abc\n", "cancel.requested")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runctl.config import RunConfig
-from runctl.events import PhaseStarted
+from runctl.events import PhaseStarted, TrialFinished
 from runctl.events.payloads import Payload, Phase
 from services.launcher.errors import RunCancelledError
 
@@ -45,6 +45,13 @@ class RunContext:
     async def emit(self, payload: Payload, key: str) -> None:
         """Publish an event of this run; ``key`` must be stable across restarts (``step.12``)."""
         await self.emit_fn(payload, key)
+        if isinstance(payload, TrialFinished):
+            # Counted in the progress the engine saves next, so a resumed run neither loses nor doubles it.
+            self.progress["num_trials"] = self.num_trials + 1
+
+    @property
+    def num_trials(self) -> int:
+        return int(self.progress.get("num_trials", 0))
 
     async def enter_phase(self, phase: Phase) -> None:
         self.phase = phase
