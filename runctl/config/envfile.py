@@ -25,6 +25,7 @@ from runctl.errors import ConfigError, ConfigIssue
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_NESTING = 16
+_UNQUOTED_ESCAPES = {"$": "$"}
 _DOUBLE_ESCAPES = {'"': '"', "\\": "\\", "$": "$", "n": "\n", "t": "\t", "`": "`"}
 
 
@@ -182,17 +183,7 @@ class _Scanner:
                     "wrap the whole value in single quotes (literal) or double quotes (interpolated).",
                     key,
                 )
-            if ch == "\\" and self.peek(1) == "$":
-                buf.append("$")
-                self.pos += 2
-                continue
-            if ch == "$" and self.peek(1) == "{":
-                parts.append("".join(buf))
-                buf = []
-                parts.append(self.reference(key))
-                continue
-            self.refuse_shell_expansion(key)
-            buf.append(self.advance())
+            self.interpolated_char(key, buf, parts, _UNQUOTED_ESCAPES)
         parts.append("".join(buf))
         # Trim trailing blanks of the last literal part (and the blanks before an inline comment).
         while parts and isinstance(parts[-1], str):
@@ -217,19 +208,23 @@ class _Scanner:
             if ch in terminators:
                 self.advance()
                 break
-            if ch == "\\" and self.peek(1) in escapes:
-                buf.append(escapes[self.peek(1)])
-                self.pos += 2
-                continue
-            if ch == "$" and self.peek(1) == "{":
-                parts.append("".join(buf))
-                buf = []
-                parts.append(self.reference(key))
-                continue
-            self.refuse_shell_expansion(key)
-            buf.append(self.advance())
+            self.interpolated_char(key, buf, parts, escapes)
         parts.append("".join(buf))
         return parts
+
+    def interpolated_char(self, key: str, buf: list[str], parts: list[Part], escapes: dict[str, str]) -> None:
+        """Consume one piece of an interpolated value: an escape, a ``${…}`` reference, or a plain character."""
+        ch = self.peek()
+        if ch == "\\" and self.peek(1) in escapes:
+            buf.append(escapes[self.peek(1)])
+            self.pos += 2
+        elif ch == "$" and self.peek(1) == "{":
+            parts.append("".join(buf))
+            buf.clear()
+            parts.append(self.reference(key))
+        else:
+            self.refuse_shell_expansion(key)
+            buf.append(self.advance())
 
     def refuse_shell_expansion(self, key: str) -> None:
         """``$NAME`` and ``$(…)`` would expand in the shell this file once was; here they would stay literal text
