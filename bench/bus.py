@@ -9,16 +9,16 @@ against absolute numbers from another machine.
    rounds of ``--events`` each, three ways, the order rotating every round so that none always goes first:
 
    - ``ours``       ``Bus.publish_many(events)``: serializes each event (``Event.to_json``) and publishes it with
-                    ``js.publish_async`` and a ``Nats-Msg-Id`` header, then awaits every ack.
+                    a ``Nats-Msg-Id`` header, pipelined, its acks collected on one reply subscription.
    - ``raw``        ``js.publish_async(subject, payload, headers={"Nats-Msg-Id": id})`` with the payloads
                     serialized *before* the clock starts (the same bytes ``to_json`` gives), then awaits every
                     future in turn. This is the transport floor; the target ratio ours/raw >= 0.8 is against it.
    - ``raw+json``   as ``raw`` but calling ``Event.to_json()`` inside the timed loop, so that ours/raw+json is
                     what the wrapper alone costs over nats-py (serialization being the same on both sides).
 
-   All three use the same connection and JetStream contexts with the same ``publish_async_max_pending``
-   (20,000, as ``Bus`` sets it). Every round uses fresh event ids (so JetStream's duplicate window never drops
-   one) and the streams are purged before each timed publish, so each starts from an empty stream.
+   All three use the same connection; the raw variants use a JetStream context with
+   ``publish_async_max_pending`` of 20,000. Every round uses fresh event ids (so JetStream's duplicate window
+   never drops one) and the streams are purged before each timed publish, so each starts from an empty stream.
 
 2. Latency. The streams are purged, then ``python -m services.tracker`` is started as a subprocess and awaited
    until it answers its health probe with both consumers registered. The benchmark subscribes to the tracker's
@@ -73,7 +73,7 @@ TEAM = "bench"
 SOURCE = "/runctl/bench"
 RATIO_TARGET = 0.8
 P99_TARGET_MS = 50.0
-MAX_PENDING = 20_000  # what Bus gives its JetStream context
+MAX_PENDING = 20_000  # room for a whole round of raw async publishes
 
 
 # --------------------------------------------------------------------------------------------------- processes

@@ -6,9 +6,10 @@ import json
 import logging
 import time
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from runctl.events import (
     ConfigRejected,
@@ -23,66 +24,88 @@ from runctl.events import (
     next_state,
 )
 from runctl.events.state import TERMINAL
-from services.tracker.db import EventRow, RunRow
+from services.tracker.db import Base, EventRow, RunRow
 
 log = logging.getLogger(__name__)
 
 
-def project(session: Session, batch: list[tuple[Event, int]]) -> list[str]:
-    """Store a batch of (event, stream sequence) and update their runs; the caller commits.
+def project(conn: Connection, batch: list[tuple[Event, int]]) -> list[str]:
+    """Store a batch of (event, stream sequence) and update their runs, inside the caller's transaction.
 
-    Events go in with one multi-row insert and their runs are loaded with one query, so a batch costs a few
-    statements whatever its size.
+    A few statements per batch whatever its size: one insert of the events that skips ids already stored, one
+    select of their runs, one write per run touched.
 
     Returns:
         The ids of the events that were new (repeats are skipped).
     """
-    ids = [event.id for event, _ in batch]
-    seen = set(session.scalars(select(EventRow.id).where(EventRow.id.in_(ids))))
-    fresh: list[tuple[Event, int]] = []
+    fresh: dict[str, tuple[Event, int]] = {}
     for event, seq in batch:
-        if event.id not in seen:
-            seen.add(event.id)
-            fresh.append((event, seq))
-    if not fresh:
-        return []
+        fresh.setdefault(event.id, (event, seq))
     now = time.time()
-    session.execute(
-        insert(EventRow),
-        [
-            {
-                "id": event.id,
-                "run_id": event.runid,
-                "team": event.team,
-                "name": event.name,
-                "type": event.type,
-                "source": event.source,
-                "time": event.time,
-                "stream": event.stream,
-                "stream_seq": seq,
-                "ingested_at": now,
-                "data": json.loads(event.data.model_dump_json()),  # JSON-safe: NaN stays the string "NaN"
-            }
-            for event, seq in fresh
-        ],
-    )
-    run_ids = {event.runid for event, _ in fresh}
-    with session.no_autoflush:
-        runs = {run.run_id: run for run in session.scalars(select(RunRow).where(RunRow.run_id.in_(run_ids)))}
-        for event, _ in fresh:
-            run = runs.get(event.runid)
-            if run is None:
-                run = RunRow(run_id=event.runid, team=event.team, num_trials=0, num_events=0, synthetic=False)
-                session.add(run)
-                runs[event.runid] = run
-            if run.team != event.team:
-                # Stored in the log, but another team cannot change this run's record.
-                log.warning(
-                    "event %s from team %s ignored for run %s of team %s", event.id, event.team, run.run_id, run.team
-                )
-                continue
-            apply_to_run(run, event)
-    return [event.id for event, _ in fresh]
+    rows = [
+        {
+            "id": event.id,
+            "run_id": event.runid,
+            "team": event.team,
+            "name": event.name,
+            "type": event.type,
+            "source": event.source,
+            "time": event.time,
+            "stream": event.stream,
+            "stream_seq": seq,
+            "ingested_at": now,
+            "data": json.loads(event.data.model_dump_json()),  # JSON-safe: NaN stays the string "NaN"
+        }
+        for event, seq in fresh.values()
+    ]
+    stored = _insert_new_events(conn, rows)
+    new = [event for event_id, (event, _) in fresh.items() if event_id in stored]
+    if not new:
+        return []
+    runs_table = Base.metadata.tables[RunRow.__tablename__]
+    run_ids = {event.runid for event in new}
+    found = {row.run_id: row for row in conn.execute(select(runs_table).where(runs_table.c.run_id.in_(run_ids)))}
+    runs: dict[str, RunRow] = {}
+    for event in new:
+        run = runs.get(event.runid)
+        if run is None:
+            row = found.get(event.runid)
+            run = RunRow(**row._mapping) if row is not None else _new_run(event)
+            runs[event.runid] = run
+        if run.team != event.team:
+            # Stored in the log, but another team cannot change this run's record.
+            log.warning(
+                "event %s from team %s ignored for run %s of team %s", event.id, event.team, run.run_id, run.team
+            )
+            continue
+        apply_to_run(run, event)
+    for run_id, run in runs.items():
+        values = {column.name: getattr(run, column.name) for column in runs_table.columns}
+        if run_id in found:
+            conn.execute(update(runs_table).where(runs_table.c.run_id == run_id).values(values))
+        else:
+            conn.execute(insert(runs_table).values(values))
+    return [event.id for event in new]
+
+
+def _new_run(event: Event) -> RunRow:
+    return RunRow(run_id=event.runid, team=event.team, num_trials=0, num_events=0, synthetic=False)
+
+
+def _insert_new_events(conn: Connection, rows: list[dict[str, Any]]) -> set[str]:
+    """Insert events whose id is not stored yet; return the ids inserted."""
+    table = Base.metadata.tables[EventRow.__tablename__]
+    dialect = conn.dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        module = sqlite if dialect == "sqlite" else postgresql
+        statement = module.insert(table).on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id)
+        return {row.id for row in conn.execute(statement, rows)}
+    ids = [row["id"] for row in rows]
+    seen = set(conn.scalars(select(table.c.id).where(table.c.id.in_(ids))))
+    todo = [row for row in rows if row["id"] not in seen]
+    if todo:
+        conn.execute(insert(table), todo)
+    return {row["id"] for row in todo}
 
 
 def apply_to_run(run: RunRow, event: Event) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import httpx
 from fastapi import FastAPI
-from sqlalchemy.orm import Session
 
 from runctl.config import resolve_text
 from runctl.events import (
@@ -36,10 +35,8 @@ def ev(payload: Payload, run_id: str, seconds: int, team: str = "nlp") -> Event:
 
 
 def store(engine, events: list[Event]) -> list[str]:  # type: ignore[no-untyped-def]
-    with Session(engine) as session:
-        ids = project(session, [(e, i) for i, e in enumerate(events, 1)])
-        session.commit()
-    return ids
+    with engine.begin() as conn:
+        return project(conn, [(e, i) for i, e in enumerate(events, 1)])
 
 
 class Client:
