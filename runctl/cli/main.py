@@ -297,12 +297,20 @@ def up(
     tracker_port: Annotated[int, typer.Option(help="Port of the tracker API.", envvar="RUNCTL_TRACKER_PORT")] = 8750,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for every service to answer.")] = 60.0,
 ) -> None:
-    """Start the embedded stack: nats-server with JetStream and the five services, supervised."""
+    """Start the embedded stack: nats-server with JetStream and the five services, supervised. If it already runs
+    from $RUNCTL_HOME, show its status instead."""
     from runctl import stack
+    from runctl.home import is_same_process, read_stack_state
 
     base = _home()
-    state = _call(lambda: stack.start(base, nats_port, tracker_port, timeout))
     console = _console()
+    running = _call(lambda: read_stack_state(base))
+    if running is not None and is_same_process(running.supervisor):
+        console.print(f"stack already up in {base}: bus {running.nats_url}, tracker {running.tracker_url}")
+        if not _print_status(running.nats_url, running.children):
+            raise typer.Exit(1)
+        return
+    state = _call(lambda: stack.start(base, nats_port, tracker_port, timeout))
     console.print(f"[green]stack up[/] in {base}: bus {state.nats_url}, tracker {state.tracker_url}")
     _print_status(state.nats_url, state.children)
 

@@ -237,9 +237,9 @@ class _Scanner:
             )
         if self.peek() != "$":
             return
-        after = self.peek(1)
-        if after == "(" or after == "_" or after.isalpha():
-            shown = "$(...)" if after == "(" else f"${_KEY.match(self.text, self.pos + 1).group()}"  # type: ignore[union-attr]
+        name = _KEY.match(self.text, self.pos + 1)
+        if self.peek(1) == "(" or name is not None:
+            shown = f"${name.group()}" if name is not None else "$(...)"
             raise self.fail(
                 f"{key}: {shown} is shell syntax; nothing here is executed or expanded that way.",
                 "write ${NAME} to use a value, or \\$ (or single quotes) for a literal '$'.",

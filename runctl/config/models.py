@@ -30,6 +30,8 @@ class Section(BaseModel):
         frozen=True,
         use_attribute_docstrings=True,
         validate_default=False,
+        # Schemas are built on first validation: a command that validates one run type pays only for that one.
+        defer_build=True,
     )
     title: ClassVar[str] = ""
 

@@ -121,3 +121,19 @@ def test_generated_sections_are_up_to_date(block: str) -> None:
         [sys.executable, "scripts/gen_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench/cli.py", "--repeat", "1"],
+        ["bench/bus.py", "--rounds", "1", "--events", "300", "--rate", "200", "--duration", "1", "--warmup", "0.2"],
+    ],
+    ids=["cli", "bus"],
+)
+def test_the_benchmarks_the_readme_names_run_and_print_their_figures(argv: list[str]) -> None:
+    assert f"python {argv[0]}" in README
+    result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "== summary" in result.stdout
+    assert "target" in result.stdout

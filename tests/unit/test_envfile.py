@@ -68,11 +68,12 @@ def test_defaults_may_nest() -> None:
 
 
 def test_a_dollar_not_starting_a_name_is_literal_and_single_quotes_keep_everything() -> None:
-    assert resolve("A=cost$5\nB=$\nC='$HOME `x` $(y)'\nD=\\$HOME\n") == {
+    assert resolve("A=cost$5\nB=$\nC='$HOME `x` $(y)'\nD=\\$HOME\nE=$ē\n") == {
         "A": "cost$5",
         "B": "$",
         "C": "$HOME `x` $(y)",
         "D": "$HOME",
+        "E": "$ē",
     }
 
 
