@@ -219,6 +219,13 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
         raise StackError(
             f"a stack already runs from {base} (supervisor PID {state.supervisor.pid}). Fix: `runctl down`."
         )
+    if state is not None:
+        orphans = [f"{name} (PID {r.pid})" for name, r in state.children.items() if is_same_process(r)]
+        if orphans:
+            raise StackError(
+                f"the previous stack's supervisor is gone but {', '.join(orphans)} still run. "
+                "Fix: `runctl down` stops exactly those processes; then `runctl up`."
+            )
     for port, flag in ((nats_port, "--nats-port"), (tracker_port, "--tracker-port")):
         if not port_is_free(port):
             raise StackError(

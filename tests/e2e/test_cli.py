@@ -235,3 +235,28 @@ def test_submit_watch_exits_1_when_the_run_fails(stack: Cli, tmp_path: Path) -> 
     assert result.returncode == 1
     last = result.stdout.rstrip().splitlines()[-1]
     assert "run.failed" in last and "in phase replicas" in last
+
+
+def test_when_the_supervisor_dies_down_still_stops_every_recorded_process(stack: Cli) -> None:
+    state = read_stack_state(stack.home)
+    assert state is not None
+    os.kill(state.supervisor.pid, signal.SIGKILL)
+    wait_until(lambda: not is_same_process(state.supervisor), 10, "the supervisor to die")
+    status = stack("status", check=False)
+    assert status.returncode == 1 and "not running" in status.stdout
+    up = stack("up", "--nats-port", str(free_port()), "--tracker-port", str(free_port()), check=False)
+    assert up.returncode == 1 and "runctl down" in up.stderr and "still run" in up.stderr
+    children = list(state.children.values())
+    assert all(is_same_process(r) for r in children)
+    stack("down")
+    assert not any(is_same_process(r) for r in children)
+
+
+def test_commands_that_need_the_tracker_say_so_in_one_line_when_it_is_down(cli: Cli) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    for args in (("runs",), ("show", "r-1")):
+        result = cli(*args, check=False, RUNCTL_TRACKER_URL=url)
+        assert result.returncode == 1
+        errors = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(errors) == 1 and errors[0].startswith("TrackerError: "), result.stderr
+        assert "runctl up" in errors[0] and "RUNCTL_TRACKER_URL" in errors[0]
