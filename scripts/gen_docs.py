@@ -26,6 +26,21 @@ def event_catalogue() -> str:
     return "\n".join(rows) + "\n"
 
 
+def check_table() -> str:
+    from services.validator.library import registered
+
+    rows = ["| check | class | applies to | prevents |", "|---|---|---|---|"]
+    rows.append(
+        "| `schema.*` (unknown_key, placeholder, value, required, cross_field, syntax, …) | 1 | all | "
+        "a config that does not mean what its author thinks: typos, leftovers, wrong types |"
+    )
+    for check in registered():
+        applies = "all" if len(check.run_types) == 3 else ", ".join(sorted(check.run_types))
+        needs = " (reads the model's config.json)" if check.needs_facts else ""
+        rows.append(f"| `{check.id}` | {check.check_class} | {applies} | {check.prevents}{needs} |")
+    return "\n".join(rows) + "\n"
+
+
 def _splice(text: str, marker: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)", re.S)
     if not pattern.search(text):
@@ -39,6 +54,7 @@ def expected() -> dict[Path, str]:
     text = readme.read_text()
     text = _splice(text, "config-table", render_reference_table())
     text = _splice(text, "event-catalogue", event_catalogue())
+    text = _splice(text, "check-table", check_table())
     files[readme] = text
     return files
 

@@ -114,6 +114,33 @@ def _load(config: Path) -> ResolvedConfig:
     return load_config(config)
 
 
+_MARKS = {"ok": "[green]✓[/]", "warn": "[yellow]⚠[/]", "fatal": "[red]✗[/]", "skip": "[dim]⊘[/]"}
+
+
+def _static_checks(resolved: ResolvedConfig) -> list[Any]:
+    """Class 1 passed (the config resolved); then the validator's static checks, classes 2-9."""
+    from services.validator.library import check_config, schema_ok  # the validator's public face
+
+    set_above_default = sum(1 for s in resolved.settings.values() if s.layer != "default")
+    return [schema_ok(resolved.run_type, set_above_default), *check_config(resolved.model)]
+
+
+def _print_checks(results: list[Any]) -> int:
+    """One line per check and a summary; returns the number of fatal results."""
+    console = _console()
+    for r in results:
+        console.print(f"{_MARKS[r.severity]} [bold]{r.id}[/] [dim](class {r.check_class})[/] {_escape(r.message)}")
+        if r.fix and r.severity in ("warn", "fatal"):
+            console.print(f"    [dim]fix:[/] {_escape(r.fix)}")
+    tally = {s: sum(1 for r in results if r.severity == s) for s in _MARKS}
+    colour = "red" if tally["fatal"] else "green"
+    console.print(
+        f"[{colour}]{tally['fatal']} fatal problem{'s' if tally['fatal'] != 1 else ''}[/] "
+        f"({tally['ok']} ok, {tally['warn']} warning{'s' if tally['warn'] != 1 else ''}, {tally['skip']} skipped)"
+    )
+    return tally["fatal"]
+
+
 @app.command()
 def validate(
     config: ConfigArg,
@@ -127,25 +154,18 @@ def validate(
 
     try:
         resolved = _load(config)
+        results = _static_checks(resolved)
     except ConfigError as e:
-        if json_out:
-            issues = [{**issue.__dict__, "severity": "fatal"} for issue in e.issues]
-            print(json.dumps({"ok": False, "checks": issues}, indent=2))
-        else:
-            from runctl.cli.render import print_config_error
+        from services.validator.library import issue_results
 
-            print_config_error(_console(), e)
-        raise typer.Exit(1) from None
-    layers: dict[str, int] = {}
-    for setting in resolved.settings.values():
-        layers[setting.layer] = layers.get(setting.layer, 0) + 1
+        results = issue_results(e)
+    fatal = sum(1 for r in results if r.severity == "fatal")
     if json_out:
-        check = {"code": "schema.valid", "severity": "ok", "run_type": resolved.run_type, "layers": layers}
-        print(json.dumps({"ok": True, "checks": [check]}, indent=2))
-        return
-    counts = ", ".join(f"{n} from {layer}" for layer, n in layers.items())
-    _console().print(f"[green]✓[/] schema: {resolved.run_type} config is valid ({counts})")
-    _console().print("[green]0 fatal problems[/]")
+        print(json.dumps({"ok": not fatal, "checks": [r.model_dump() for r in results]}, indent=2))
+    else:
+        _print_checks(results)
+    if fatal:
+        raise typer.Exit(1)
 
 
 async def _watch(
@@ -182,11 +202,20 @@ def submit(
     """Validate a config and submit the run. With PREFLIGHT_ONLY=1, only validate and publish nothing."""
     resolved = _call(lambda: _load(config))
     console = _console()
+    flags = resolved.model.preflight_only or resolved.model.dry_run
+    if flags and resolved.model.dry_run:
+        print(resolved.to_env(), end="")
+    results = _static_checks(resolved)
+    fatal = sum(1 for r in results if r.severity == "fatal")
+    if flags or fatal:
+        _print_checks(results)
+    if fatal:
+        console.print("nothing was published or launched.")
+        raise typer.Exit(1)
     if resolved.model.preflight_only:
         console.print("[green]✓[/] preflight passed (PREFLIGHT_ONLY=1): nothing was published or launched.")
         return
     if resolved.model.dry_run:
-        print(resolved.to_env(), end="")
         engine = resolved.model.engine
         console.print(f"[green]✓[/] checks passed (DRY_RUN=1). It would be submitted as a {resolved.run_type} run")
         console.print(f"  with ENGINE={engine}; nothing was published or launched.")

@@ -9,7 +9,7 @@ from runctl.events import ConfigRejected, ConfigSubmitted, ConfigValidated, Even
 from runctl.events.payloads import RUNS_STREAM, Payload
 from runctl.service import ServiceRuntime
 from runctl.subjects import event_filter
-from services.validator.checks import schema_checks
+from services.validator.library import check_submission
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ CONSUMER = ConsumerSpec(
 
 def verdict(submitted: ConfigSubmitted, run_id: str) -> Payload:
     """The validation event for a submission: rejected if any check is fatal."""
-    checks = schema_checks(submitted, run_id)
+    checks = check_submission(submitted, run_id)
     num_fatal = sum(1 for c in checks if c.severity == "fatal")
     if num_fatal:
         return ConfigRejected(checks=checks, num_fatal=num_fatal)

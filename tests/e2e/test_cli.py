@@ -81,7 +81,9 @@ def test_init_writes_a_template_that_only_needs_its_placeholders_filled(cli: Cli
     result = cli("validate", str(path), check=False)
     assert result.returncode == 1
     assert "PROJECT_NAME is still the placeholder CHANGEME" in result.stdout
-    path.write_text(text.replace("CHANGEME", "filled"))
+    data = ROOT / "tests" / "data"
+    filled = text.replace("MODEL_PATH=CHANGEME", f"MODEL_PATH={data}/models/qwen3-moe")
+    path.write_text(filled.replace("TRAIN_FILES=CHANGEME", f"TRAIN_FILES={data}/tasks").replace("CHANGEME", "x"))
     assert "0 fatal problems" in cli("validate", str(path)).stdout
     assert cli("init", "train", "my_run", "--dir", str(tmp_path), check=False).returncode == 1
 
@@ -96,7 +98,7 @@ def test_validate_reports_every_problem_with_file_line_and_fix(cli: Cli, tmp_pat
     assert f"bad.env:{lines + 2}" in result.stdout and "'local', 'docker' or 'k8s'" in result.stdout
     as_json = json.loads(cli("validate", str(bad), "--json", check=False).stdout)
     assert as_json["ok"] is False
-    assert {c["code"] for c in as_json["checks"]} == {"schema.unknown_key", "schema.value"}
+    assert {c["id"] for c in as_json["checks"]} == {"schema.unknown_key", "schema.value"}
     assert json.loads(cli("validate", str(PREVIEW), "--json").stdout)["ok"] is True
 
 

@@ -114,7 +114,7 @@ def test_the_sdk_example_runs(tmp_path: Path) -> None:
         run("runctl down", ROOT, env)
 
 
-@pytest.mark.parametrize("block", ["config-table", "event-catalogue"])
+@pytest.mark.parametrize("block", ["config-table", "event-catalogue", "check-table"])
 def test_generated_sections_are_up_to_date(block: str) -> None:
     assert f"<!-- {block}:start -->\n|" in README
     result = subprocess.run(

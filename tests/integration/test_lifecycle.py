@@ -16,7 +16,7 @@ from runctl.config import load_config
 from runctl.events import ConfigSubmitted, new_event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import RunctlClient, submission_event
-from tests.conftest import Services, wait_until
+from tests.conftest import ROOT, Services, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,16 @@ def wait_for_state(services: Services, run_id: str, state: str, timeout_s: float
     return record
 
 
+def wait_for_run(services: Services, run_id: str, state: str, count: int, timeout_s: float = 90) -> dict[str, Any]:
+    """The run's record once it reached ``state`` and holds ``count`` events: RUNS and TRIALS are consumed
+    separately, so a run's end may be recorded a moment before its last trials."""
+    wait_for_state(services, run_id, state, timeout_s)
+    record = wait_for_events(services, run_id, count, timeout_s)
+    ids = [e["id"] for e in record["events"]]
+    assert len(ids) == len(set(ids)) == count, f"{len(ids)} events, {len(set(ids))} distinct, {count} expected"
+    return record
+
+
 def wait_for_events(services: Services, run_id: str, count: int, timeout_s: float = 60) -> dict[str, Any]:
     record: dict[str, Any] = {}
 
@@ -102,9 +112,10 @@ def start_core(services: Services) -> None:
 def test_submit_carries_a_run_through_every_event_once_and_in_order(services: Services, tmp_path: Path) -> None:
     start_core(services)
     run_id = submit(services, fake_config(tmp_path))
-    record = wait_for_state(services, run_id, "succeeded")
+    expected = expected_names(num_steps=3, n_resp=2, save_freq=2)
+    record = wait_for_run(services, run_id, "succeeded", len(expected))
     names = [e["name"] for e in record["events"]]
-    assert names == expected_names(num_steps=3, n_resp=2, save_freq=2)
+    assert names == expected
     assert len({e["id"] for e in record["events"]}) == len(names)
     phases = [e["data"]["phase"] for e in record["events"] if e["name"] == "phase.started"]
     assert phases == TRAIN_PHASES
@@ -205,7 +216,16 @@ def test_a_bad_config_is_rejected_by_the_validator_service(services: Services, t
 
 def test_a_run_with_an_engine_not_in_this_build_fails_with_a_clear_message(services: Services, tmp_path: Path) -> None:
     start_core(services)
-    run_id = submit(services, fake_config(tmp_path, ENGINE="local"))
+    data = ROOT / "tests" / "data"
+    config = fake_config(
+        tmp_path,
+        ENGINE="local",
+        MODEL_PATH=str(data / "models" / "llama-tiny"),
+        TRAIN_FILES=str(data / "tasks"),
+        MAX_PROMPT="256",
+        MAX_RESP="256",
+    )
+    run_id = submit(services, config)
     record = wait_for_state(services, run_id, "failed")
     error = record["run"]["error"]
     assert error["error_type"] == "EngineUnavailableError"
@@ -249,15 +269,13 @@ def test_a_service_killed_mid_run_catches_up_and_nothing_is_lost_or_doubled(
         # While it is down, a second run is submitted: it waits on the bus for the restarted validator.
         second = submit(services, config)
     services.start(victim)
-    record = wait_for_state(services, run_id, "succeeded", timeout_s=90)
     expected = expected_names(num_steps=6, n_resp=2, save_freq=2)
-    names = [e["name"] for e in record["events"]]
-    assert sorted(names) == sorted(expected)
-    assert len(record["events"]) == len(expected)
+    record = wait_for_run(services, run_id, "succeeded", len(expected))
+    assert sorted(e["name"] for e in record["events"]) == sorted(expected)
     assert record["run"]["num_trials"] == 6 * 8
     if victim == "validator":
-        record = wait_for_state(services, second, "succeeded", timeout_s=90)
-        assert [e["name"] for e in record["events"]] == expected
+        record = wait_for_run(services, second, "succeeded", len(expected))
+        assert sorted(e["name"] for e in record["events"]) == sorted(expected)
 
 
 def test_services_shut_down_gracefully_on_sigterm(services: Services) -> None:
@@ -275,9 +293,8 @@ def test_a_launcher_stopped_gracefully_mid_run_hands_the_run_to_the_next_one(
     wait_for_events(services, run_id, 20)
     assert services.stop("launcher") == 0
     services.start("launcher")
-    record = wait_for_state(services, run_id, "succeeded", timeout_s=90)
+    record = wait_for_run(services, run_id, "succeeded", len(expected_names(num_steps=6, n_resp=2, save_freq=2)))
     assert [e["name"] for e in record["events"]].count("run.succeeded") == 1
-    assert len(record["events"]) == len(expected_names(num_steps=6, n_resp=2, save_freq=2))
 
 
 def test_another_team_can_neither_cancel_nor_fail_a_run(services: Services, tmp_path: Path) -> None:
@@ -313,6 +330,17 @@ def test_a_run_survives_a_bus_outage(services: Services, nats_server: Any, tmp_p
     _stop(nats_server.proc)
     time.sleep(3)  # the outage itself: nothing to wait for, the bus is simply gone for a while
     nats_server.proc = _start_nats(nats_server.port, nats_server.store)
-    record = wait_for_state(services, run_id, "succeeded", timeout_s=120)
-    assert len(record["events"]) == len(expected_names(num_steps=6, n_resp=2, save_freq=2))
+    wait_for_run(services, run_id, "succeeded", len(expected_names(num_steps=6, n_resp=2, save_freq=2)), 120)
     assert all(services.procs[name].poll() is None for name in ("validator", "launcher", "tracker"))
+
+
+def test_the_validator_service_runs_the_static_checks_and_rejects_a_fatal_one(
+    services: Services, tmp_path: Path
+) -> None:
+    start_core(services)
+    run_id = submit(services, fake_config(tmp_path, ENGINE="local", MODEL_PATH="/nonexistent/runctl/model"))
+    record = wait_for_state(services, run_id, "rejected")
+    checks = record["events"][-1]["data"]["checks"]
+    fatal = {c["id"] for c in checks if c["severity"] == "fatal"}
+    assert "paths.model" in fatal
+    assert {c["check_class"] for c in checks} >= {1, 2, 3, 4, 5, 6, 7, 8, 9}

@@ -1,0 +1,5 @@
+"""The checks, one module per concern; importing this package registers them all."""
+
+from services.validator.checks import config_paths, engine_features, model_fit, parallelism, runtime_services
+
+__all__ = ["config_paths", "engine_features", "model_fit", "parallelism", "runtime_services"]

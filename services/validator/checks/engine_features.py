@@ -1,0 +1,79 @@
+"""Class 7: what the training engine supports, and the silent pitfalls of the algorithm settings."""
+
+from __future__ import annotations
+
+from runctl.config.models import TrainConfig
+from services.validator.registry import Context, Verdict, check, fatal, ok, warn
+from services.validator.rules import DECAYING_SCHEDULES, ENGINES
+
+ENGINE = 7
+
+
+def _train(ctx: Context) -> TrainConfig:
+    assert isinstance(ctx.config, TrainConfig)
+    return ctx.config
+
+
+@check("engine.veomni_flags", ENGINE, "a crash in the backward pass of the first step", ["train"])
+def veomni_flags(ctx: Context) -> Verdict:
+    c = _train(ctx)
+    on = [f for f in ENGINES[c.model_engine].forbidden_flags if getattr(c, f.lower())]
+    if on:
+        return fatal(
+            f"{', '.join(on)} must stay off with MODEL_ENGINE={c.model_engine}: the backward pass crashes.",
+            f"set {'=0, '.join(on)}=0.",
+        )
+    return ok(f"MODEL_ENGINE={c.model_engine} flags are safe")
+
+
+@check(
+    "engine.r3",
+    ENGINE,
+    "R3 on a dense model, or MoE training whose routing drifts from rollout",
+    ["train"],
+    needs_facts=True,
+)
+def routing_replay(ctx: Context) -> Verdict:
+    c, facts = _train(ctx), ctx.facts
+    assert facts is not None
+    features = ENGINES[c.model_engine]
+    if c.enable_r3 and not facts.is_moe:
+        return fatal(f"ENABLE_R3=1 on a dense {facts.family} model: there is no routing to replay.", "set ENABLE_R3=0.")
+    if c.enable_r3 and not features.routing_replay:
+        return fatal(f"MODEL_ENGINE={c.model_engine} cannot replay routing.", "set ENABLE_R3=0 or change engine.")
+    if c.enable_r3 and c.sp_size > 1 and not features.sequence_parallel_with_r3:
+        return fatal(
+            f"MODEL_ENGINE={c.model_engine} with ENABLE_R3=1 needs SP_SIZE=1 (SP_SIZE={c.sp_size}).",
+            "set SP_SIZE=1 or use MODEL_ENGINE=veomni.",
+        )
+    if facts.is_moe and not c.enable_r3:
+        return warn(
+            f"a MoE model ({facts.num_experts} experts) without R3: training routes differently from rollout, "
+            "which hurts the logprob match.",
+            "consider ENABLE_R3=1.",
+        )
+    return ok("R3 setting fits the model" + (" (MoE, R3 on)" if c.enable_r3 else " (dense)"))
+
+
+@check("engine.lr_schedule", ENGINE, "a learning rate that silently decays to zero", ["train"])
+def lr_schedule(ctx: Context) -> Verdict:
+    c = _train(ctx)
+    if c.lr_scheduler in DECAYING_SCHEDULES and c.total_training_steps is None:
+        return fatal(
+            f"LR_SCHEDULER={c.lr_scheduler} decays over a step count the run does not know: "
+            "the learning rate collapses to 0.",
+            "set TOTAL_TRAINING_STEPS, or LR_SCHEDULER=constant.",
+        )
+    return ok(f"LR_SCHEDULER={c.lr_scheduler}")
+
+
+@check("engine.rollout_is", ENGINE, "importance weights that starve the gradient", ["train"])
+def rollout_is(ctx: Context) -> Verdict:
+    c = _train(ctx)
+    if c.rollout_is == "sequence":
+        return warn(
+            "ROLLOUT_IS=sequence multiplies token ratios over long agent trajectories: the weights collapse "
+            "and starve the gradient.",
+            "prefer ROLLOUT_IS=token.",
+        )
+    return ok(f"ROLLOUT_IS={c.rollout_is or 'off'}")

@@ -1,0 +1,95 @@
+"""Class 6: sequence lengths and memory against the model and the GPU."""
+
+from __future__ import annotations
+
+from runctl.config.models import TrainConfig
+from services.validator.checks.common import rollout_gpus, serving_length, train_world
+from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
+
+FIT = 6
+GIB = 1024**3
+#: bf16 weights and gradients, fp32 master weights and two Adam moments, sharded by FSDP over the training GPUs.
+TRAIN_BYTES_PER_PARAM = 16
+SERVE_BYTES_PER_PARAM = 2
+WARN_SHARE = 0.9
+
+
+@check("fit.lengths", FIT, "prompts or responses cut off, or vLLM refusing requests mid-run", ["train"])
+def lengths(ctx: Context) -> Verdict:
+    c = ctx.config
+    assert isinstance(c, TrainConfig)
+    total = c.max_prompt + c.max_resp
+    if c.max_model_len is not None and total > c.max_model_len:
+        return fatal(
+            f"MAX_PROMPT + MAX_RESP = {total} exceeds MAX_MODEL_LEN={c.max_model_len}: long trials fail.",
+            "raise MAX_MODEL_LEN or lower MAX_PROMPT / MAX_RESP.",
+        )
+    return ok(f"MAX_PROMPT + MAX_RESP = {total} tokens fit the serving length {serving_length(c)}")
+
+
+@check("fit.position_limit", FIT, "vLLM refusing to start, or garbage past the trained context", needs_facts=True)
+def position_limit(ctx: Context) -> Verdict:
+    assert ctx.facts is not None
+    length, limit = serving_length(ctx.config), ctx.facts.max_position_embeddings
+    if length is None:
+        return skip("no MAX_MODEL_LEN: vLLM uses the model's own limit")
+    if limit is None:
+        return skip("config.json gives no position limit")
+    if length > limit:
+        if ctx.facts.rope_scaling:
+            return warn(
+                f"serving length {length} exceeds max_position_embeddings={limit}; rope scaling may cover it.",
+                "check the model's rope scaling supports this length.",
+            )
+        return fatal(
+            f"serving length {length} exceeds the model's max_position_embeddings={limit}: vLLM will refuse to start.",
+            f"keep MAX_MODEL_LEN (or MAX_PROMPT + MAX_RESP) ≤ {limit}.",
+        )
+    return ok(f"serving length {length} ≤ the model's limit {limit}")
+
+
+def _share(need_gib: float, have_gib: float, what: str, fix: str) -> Verdict:
+    if need_gib > have_gib:
+        return fatal(
+            f"{what} needs about {need_gib:.1f} GiB per GPU but has {have_gib:.1f}: it will run out of memory.", fix
+        )
+    if need_gib > WARN_SHARE * have_gib:
+        return warn(f"{what} needs about {need_gib:.1f} GiB of {have_gib:.1f} GiB per GPU: little room left.", fix)
+    return ok(f"{what}: about {need_gib:.1f} GiB of {have_gib:.1f} GiB per GPU")
+
+
+@check("fit.memory_serving", FIT, "vLLM running out of memory at start, after the cluster came up", needs_facts=True)
+def memory_serving(ctx: Context) -> Verdict:
+    c, facts = ctx.config, ctx.facts
+    assert facts is not None
+    if c.ngpus_per_node == 0 or rollout_gpus(c) == 0:
+        return skip("no GPUs: a CPU run")
+    if facts.num_params is None:
+        return skip("config.json does not give the model's shape")
+    utilisation = getattr(c, "gpu_mem_util", None) or (0.85 if getattr(c, "training_mode", "") == "async" else 0.6)
+    weights = facts.num_params * SERVE_BYTES_PER_PARAM / c.gen_tp / GIB
+    budget = c.gpu_memory_gb * utilisation
+    return _share(
+        weights,
+        budget,
+        f"vLLM weights at TP {c.gen_tp} within {utilisation:.0%} of the GPU",
+        "raise GEN_TP, or GPU_MEM_UTIL, or use a bigger GPU.",
+    )
+
+
+@check("fit.memory_training", FIT, "an out-of-memory crash at the first update", ["train"], needs_facts=True)
+def memory_training(ctx: Context) -> Verdict:
+    c, facts = ctx.config, ctx.facts
+    assert isinstance(c, TrainConfig) and facts is not None
+    world = train_world(c)
+    if world == 0:
+        return skip("no GPUs: a CPU run")
+    if facts.num_params is None:
+        return skip("config.json does not give the model's shape")
+    need = facts.num_params * TRAIN_BYTES_PER_PARAM / world / GIB
+    return _share(
+        need,
+        c.gpu_memory_gb,
+        f"FSDP model and optimizer state over {world} GPUs (before activations)",
+        "add training GPUs, or use a smaller model.",
+    )

@@ -1,0 +1,71 @@
+"""Class 8 (sandbox backend and images, static part) and class 9 (credentials, static part)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
+
+SANDBOX = 8
+SERVICES = 9
+LOGGERS = frozenset({"console", "wandb", "mlflow", "swanlab", "tensorboard", "clearml", "trackio", "file"})
+
+
+@check("sandbox.image_source", SANDBOX, "every trial failing at sandbox set-up for want of an image")
+def image_source(ctx: Context) -> Verdict:
+    c = ctx.config
+    if c.backend == "local":
+        return skip("BACKEND=local runs tasks on a root folder, without images")
+    registry, build = c.image_registry is not None, bool(c.image_build)
+    if registry and build:
+        return fatal(
+            "both IMAGE_REGISTRY and IMAGE_BUILD=1 are set: it is ambiguous which image a trial gets.",
+            "keep one image source.",
+        )
+    if not registry and not build:
+        return fatal(
+            f"BACKEND={c.backend} needs task images, but neither IMAGE_REGISTRY nor IMAGE_BUILD=1 is set.",
+            "set IMAGE_REGISTRY (prebuilt) or IMAGE_BUILD=1 (build from each task's Dockerfile).",
+        )
+    return ok("images from " + (f"registry {c.image_registry}" if registry else "task Dockerfiles"))
+
+
+@check("sandbox.kubeconfig", SANDBOX, "sandbox pods that cannot be created")
+def kubeconfig(ctx: Context) -> Verdict:
+    c = ctx.config
+    if c.backend != "k8s":
+        return skip(f"BACKEND={c.backend}")
+    if c.kubeconfig is None:
+        return warn("KUBECONFIG unset: in-cluster credentials will be used.", "set KUBECONFIG outside the cluster.")
+    if not Path(c.kubeconfig).is_file():
+        return fatal(f"KUBECONFIG {c.kubeconfig} does not exist: no sandbox pod can be created.", "fix the path.")
+    return ok(f"KUBECONFIG {c.kubeconfig} exists")
+
+
+@check("sandbox.egress", SANDBOX, "an allowlist that admits nothing")
+def egress(ctx: Context) -> Verdict:
+    c = ctx.config
+    if c.agent_network == "allowlist" and not c.agent_allowed_hosts.strip():
+        return fatal(
+            "AGENT_NETWORK=allowlist with no AGENT_ALLOWED_HOSTS: the agent can reach nothing.",
+            "list the hosts, or set AGENT_NETWORK=no-network.",
+        )
+    return ok(f"agent network {c.agent_network}, verifier network {c.verifier_network}")
+
+
+@check("credentials.logger", SERVICES, "a run that dies at start on a logger or its missing credentials")
+def logger_credentials(ctx: Context) -> Verdict:
+    c = ctx.config
+    loggers = [name.strip() for name in c.logger.split(",") if name.strip()]
+    unknown = [name for name in loggers if name not in LOGGERS]
+    if unknown:
+        return fatal(
+            f"LOGGER has {', '.join(unknown)}, which verl does not support.", f"use: {', '.join(sorted(LOGGERS))}."
+        )
+    if "wandb" in loggers and c.wandb_mode == "online" and not (c.wandb_api_key or os.environ.get("WANDB_API_KEY")):
+        return fatal(
+            "LOGGER includes wandb (online) but no WANDB_API_KEY is set: the run fails at start.",
+            "set WANDB_API_KEY, or WANDB_MODE=offline.",
+        )
+    return ok(f"loggers: {', '.join(loggers) or 'none'}")

@@ -1,0 +1,119 @@
+"""The check registry: every check is a small function with an id, a class (1–9), and what it prevents.
+
+A check returns a :class:`Verdict`; the registry turns it into a ``CheckResult`` event payload. Checks that need
+the model's facts are skipped, with the reason, when ``config.json`` cannot be read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from runctl.config.models import RunConfig, RunType
+from runctl.events import CheckResult
+from runctl.events.payloads import Severity
+from services.validator.facts import FactsUnavailable, ModelFacts, read_facts
+
+ALL_RUN_TYPES: frozenset[RunType] = frozenset({"train", "eval", "infer"})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A check's outcome: severity, what it means (what happens if ignored), and the fix."""
+
+    severity: Severity
+    message: str
+    fix: str = ""
+
+
+def ok(message: str) -> Verdict:
+    return Verdict("ok", message)
+
+
+def warn(message: str, fix: str) -> Verdict:
+    return Verdict("warn", message, fix)
+
+
+def fatal(message: str, fix: str) -> Verdict:
+    return Verdict("fatal", message, fix)
+
+
+def skip(reason: str) -> Verdict:
+    return Verdict("skip", reason)
+
+
+@dataclass
+class Context:
+    """What every check sees: the validated config and, when readable, the model's facts."""
+
+    config: RunConfig
+    facts: ModelFacts | None = None
+    facts_missing: str = ""
+
+    @classmethod
+    def build(cls, config: RunConfig) -> Context:
+        if config.engine == "fake":
+            return cls(config, None, "ENGINE=fake runs no model")
+        try:
+            return cls(config, read_facts(config.model_path))
+        except FactsUnavailable as e:
+            return cls(config, None, e.reason)
+
+
+CheckFn = Callable[[Context], Verdict]
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    check_class: int
+    prevents: str
+    fn: CheckFn
+    run_types: frozenset[RunType] = ALL_RUN_TYPES
+    needs_facts: bool = False
+
+    def run(self, ctx: Context) -> CheckResult:
+        if self.needs_facts and ctx.facts is None:
+            verdict = skip(f"needs the model's config.json: {ctx.facts_missing}")
+        else:
+            verdict = self.fn(ctx)
+        return CheckResult(
+            id=self.id,
+            check_class=self.check_class,
+            severity=verdict.severity,
+            message=verdict.message,
+            fix=verdict.fix,
+        )
+
+
+@dataclass
+class Registry:
+    checks: list[Check] = field(default_factory=list)
+
+    def register(
+        self,
+        check_id: str,
+        check_class: int,
+        prevents: str,
+        run_types: Iterable[RunType] = ALL_RUN_TYPES,
+        needs_facts: bool = False,
+    ) -> Callable[[CheckFn], CheckFn]:
+        """Decorator: add a check function under ``check_id``."""
+
+        def add(fn: CheckFn) -> CheckFn:
+            if any(c.id == check_id for c in self.checks):
+                raise ValueError(f"check id {check_id} registered twice")
+            self.checks.append(Check(check_id, check_class, prevents, fn, frozenset(run_types), needs_facts))
+            return fn
+
+        return add
+
+    def run(self, config: RunConfig) -> list[CheckResult]:
+        """Every static check that applies to this run type, in class order."""
+        ctx = Context.build(config)
+        applicable = [c for c in self.checks if config.run_type in c.run_types]
+        return [c.run(ctx) for c in sorted(applicable, key=lambda c: c.check_class)]
+
+
+REGISTRY = Registry()
+check = REGISTRY.register

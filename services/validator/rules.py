@@ -1,0 +1,61 @@
+"""The data behind the checks: which tool parsers fit which model family, which agent names each scaffold has,
+and what each training engine supports. A new model family or scaffold is a row here, not an if-chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: vLLM tool-call parsers that read the tool-call format each model family was trained on (``model_type``).
+PARSERS_BY_FAMILY: dict[str, frozenset[str]] = {
+    "qwen2": frozenset({"hermes"}),
+    "qwen2_moe": frozenset({"hermes"}),
+    "qwen3": frozenset({"hermes", "qwen3_coder", "qwen3_xml"}),
+    "qwen3_moe": frozenset({"hermes", "qwen3_coder", "qwen3_xml"}),
+    "qwen3_next": frozenset({"hermes", "qwen3_coder", "qwen3_xml"}),
+    "llama": frozenset({"llama3_json", "llama4_json", "llama4_pythonic", "pythonic", "hermes"}),
+    "llama4": frozenset({"llama4_json", "llama4_pythonic", "pythonic"}),
+    "mistral": frozenset({"mistral"}),
+    "mixtral": frozenset({"mistral"}),
+    "deepseek_v3": frozenset({"deepseek_v3", "deepseek_v31"}),
+    "glm4_moe": frozenset({"glm45"}),
+    "gpt_oss": frozenset({"openai"}),
+    "kimi_k2": frozenset({"kimi_k2"}),
+    "granite": frozenset({"granite", "granite-20b-fc"}),
+    "internlm2": frozenset({"internlm"}),
+    "minimax_m2": frozenset({"minimax_m2"}),
+}
+
+#: Agent loop names each scaffold provides; the first is its default.
+AGENTS_BY_SCAFFOLD: dict[str, tuple[str, ...]] = {
+    "terminal": ("terminal",),
+    "ohsdk": ("openhands_sdk", "codeact"),
+    "oh": ("openhands", "codeact"),
+    "cc": ("claude_code",),
+    "oc": ("opencode",),
+}
+
+
+@dataclass(frozen=True)
+class EngineFeatures:
+    """What a training backend supports."""
+
+    routing_replay: bool
+    sequence_parallel_with_r3: bool
+    forbidden_flags: tuple[str, ...]
+
+
+ENGINES: dict[str, EngineFeatures] = {
+    "fsdp": EngineFeatures(routing_replay=True, sequence_parallel_with_r3=False, forbidden_flags=()),
+    "veomni": EngineFeatures(
+        routing_replay=True,
+        sequence_parallel_with_r3=True,
+        forbidden_flags=("VEOMNI_FUSED_KERNELS", "VEOMNI_ACTIVATION_OFFLOAD"),
+    ),
+}
+
+#: Advantage estimators that compare a task's responses with each other: one response per task gives no signal.
+GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "opo", "gpg"})
+
+#: Learning-rate schedules that decay over a known number of steps.
+DECAYING_SCHEDULES = frozenset({"cosine", "linear"})

@@ -1,0 +1,73 @@
+"""The broken-config corpus: each file in tests/data/configs/broken names the check it must trip.
+
+A file is a config, or (with ``# base: NAME``) the changes to apply on top of ``good/NAME.env``. ``# expect: ID``
+means a fatal result with that id; ``# expect-warn: ID`` a warning.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from runctl.config import resolve_text
+from runctl.errors import ConfigError
+from runctl.events import CheckResult
+from services.validator.library import check_config, issue_results, registered
+from tests.conftest import ROOT
+
+DATA = ROOT / "tests" / "data"
+GOOD = sorted((DATA / "configs" / "good").glob("*.env"))
+BROKEN = sorted((DATA / "configs" / "broken").glob("*.env"))
+ENVIRON = {"RUNCTL_TEST_DATA": str(DATA)}
+
+
+def results_for(text: str, name: str) -> list[CheckResult]:
+    try:
+        resolved = resolve_text(text, name, environ=ENVIRON)
+    except ConfigError as e:
+        return issue_results(e)
+    return check_config(resolved.model)
+
+
+def corpus_text(path: Path) -> tuple[str, str, str]:
+    text = path.read_text()
+    expectation = re.search(r"^# expect(-warn)?: (\S+)$", text, re.M)
+    assert expectation, f"{path.name} names no check it must trip"
+    base = re.search(r"^# base: (\S+)$", text, re.M)
+    if base:
+        text = (DATA / "configs" / "good" / f"{base.group(1)}.env").read_text() + text
+    severity = "warn" if expectation.group(1) else "fatal"
+    return text, expectation.group(2), severity
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_wandb_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def test_the_corpus_is_large_and_covers_every_registered_check() -> None:
+    assert len(BROKEN) >= 40
+    expected = {corpus_text(p)[1] for p in BROKEN}
+    assert {c.id for c in registered()} <= expected
+
+
+@pytest.mark.parametrize("path", GOOD, ids=lambda p: p.name)
+def test_good_configs_have_no_fatal_result(path: Path) -> None:
+    results = results_for(path.read_text(), path.name)
+    assert [r for r in results if r.severity == "fatal"] == []
+    assert sum(1 for r in results if r.severity == "ok") >= 5  # the checks ran, not just skipped
+
+
+@pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
+def test_each_broken_config_trips_the_check_it_names(path: Path) -> None:
+    text, check_id, severity = corpus_text(path)
+    results = results_for(text, path.name)
+    tripped = [r for r in results if r.id == check_id and r.severity == severity]
+    found = [(r.id, r.severity) for r in results if r.severity != "ok"]
+    assert tripped, f"{path.name}: expected {severity} {check_id}, got {found}"
+    for result in tripped:
+        assert result.message and result.fix, f"{check_id} must say what happens and how to fix it"
+    if severity == "warn":
+        assert not [r for r in results if r.severity == "fatal"]
