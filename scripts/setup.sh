@@ -11,9 +11,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.runctl-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing runctl and its dependencies into .venv ..."
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+  # verl's YAML config tree, for the validator's composition check; its heavy dependencies are not needed for that.
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "verl==0.9.1"
   echo "$want" > "$stamp"
 fi

@@ -23,6 +23,18 @@ from runctl.stack import nats_server_binary
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_runctl_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test reads or writes the developer's ~/.runctl: in-process code gets a home of its own."""
+    previous = os.environ.get("RUNCTL_HOME")
+    os.environ["RUNCTL_HOME"] = str(tmp_path_factory.mktemp("runctl-home"))
+    yield
+    if previous is None:
+        os.environ.pop("RUNCTL_HOME", None)
+    else:
+        os.environ["RUNCTL_HOME"] = previous
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -4,7 +4,6 @@ what it needs. Errors: a RunctlError becomes one red ``ErrorType: message`` line
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import sys
@@ -61,6 +60,8 @@ def _errors() -> Iterator[None]:
 def _run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine under the CLI's error handling."""
     with _errors():
+        import asyncio  # here, not at the top: it costs a tenth of a second that `--help` need not pay
+
         return asyncio.run(coro_fn())
 
 
@@ -146,12 +147,14 @@ def validate(
     config: ConfigArg,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     static: Annotated[bool, typer.Option(help="Only checks that need no cluster (all checks, for now).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Also print the fully expanded launch command.")] = False,
 ) -> None:
     """Check a config without launching anything. Exit 0: no fatal problem; 1: fatal problems."""
     import json
 
     from runctl.errors import ConfigError
 
+    resolved = None
     try:
         resolved = _load(config)
         results = _static_checks(resolved)
@@ -160,12 +163,27 @@ def validate(
 
         results = issue_results(e)
     fatal = sum(1 for r in results if r.severity == "fatal")
+    command = _launch_command(resolved) if dry_run and resolved is not None else None
     if json_out:
-        print(json.dumps({"ok": not fatal, "checks": [r.model_dump() for r in results]}, indent=2))
+        print(json.dumps({"ok": not fatal, "checks": [r.model_dump() for r in results], "command": command}, indent=2))
     else:
         _print_checks(results)
+        if command is not None:
+            print(command)
     if fatal:
         raise typer.Exit(1)
+
+
+def _launch_command(resolved: ResolvedConfig) -> str:
+    """What the runner would start for this config (the verl command line for ENGINE=verl train runs)."""
+    from runctl.config.models import TrainConfig
+    from runctl.verl import launch_command
+
+    model = resolved.model
+    if isinstance(model, TrainConfig) and model.engine == "verl":
+        run_dir = model.output_dir or "$RUNCTL_HOME/runs/<team>/<run_id>"
+        return launch_command(model, run_dir)
+    return f"# ENGINE={model.engine}: the launcher runs this {resolved.run_type} run in-process; no command line"
 
 
 async def _watch(
@@ -179,6 +197,8 @@ async def _watch(
     events = client.watch(run_id, include_trials=trials)
     last: str | None = None
     try:
+        import asyncio
+
         first = await asyncio.wait_for(anext(events), first_event_timeout_s)
     except (TimeoutError, StopAsyncIteration):
         raise RunNotFoundError(
@@ -216,6 +236,7 @@ def submit(
         console.print("[green]✓[/] preflight passed (PREFLIGHT_ONLY=1): nothing was published or launched.")
         return
     if resolved.model.dry_run:
+        print(_launch_command(resolved))
         engine = resolved.model.engine
         console.print(f"[green]✓[/] checks passed (DRY_RUN=1). It would be submitted as a {resolved.run_type} run")
         console.print(f"  with ENGINE={engine}; nothing was published or launched.")
@@ -361,7 +382,7 @@ def _print_status(nats_url: str, children: dict[str, Any]) -> bool:
 
     from runctl import stack
 
-    health = asyncio.run(stack.probe(nats_url, children))
+    health = _run(lambda: stack.probe(nats_url, children))
     table = Table(box=None, pad_edge=False)
     for column in ("component", "pid", "health", "restarts", "detail"):
         table.add_column(column)

@@ -127,9 +127,10 @@ def test_generated_sections_are_up_to_date(block: str) -> None:
     "argv",
     [
         ["bench/cli.py", "--repeat", "1"],
+        ["bench/validate.py", "--repeat", "1"],
         ["bench/bus.py", "--rounds", "1", "--events", "300", "--rate", "200", "--duration", "1", "--warmup", "0.2"],
     ],
-    ids=["cli", "bus"],
+    ids=["cli", "validate", "bus"],
 )
 def test_the_benchmarks_the_readme_names_run_and_print_their_figures(argv: list[str]) -> None:
     assert f"python {argv[0]}" in README

@@ -50,7 +50,9 @@ def _no_ambient_wandb_key(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_corpus_is_large_and_covers_every_registered_check() -> None:
     assert len(BROKEN) >= 40
     expected = {corpus_text(p)[1] for p in BROKEN}
-    assert {c.id for c in registered()} <= expected
+    # verl.compose trips only when runctl and verl disagree about verl's tree, which no config can cause;
+    # tests/unit/test_verl.py feeds it a bad override instead.
+    assert {c.id for c in registered()} - {"verl.compose"} <= expected
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.name)

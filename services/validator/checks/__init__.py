@@ -1,5 +1,12 @@
 """The checks, one module per concern; importing this package registers them all."""
 
-from services.validator.checks import config_paths, engine_features, model_fit, parallelism, runtime_services
+from services.validator.checks import (
+    config_paths,
+    engine_features,
+    model_fit,
+    parallelism,
+    runtime_services,
+    verl_schema,
+)
 
-__all__ = ["config_paths", "engine_features", "model_fit", "parallelism", "runtime_services"]
+__all__ = ["config_paths", "engine_features", "model_fit", "parallelism", "runtime_services", "verl_schema"]

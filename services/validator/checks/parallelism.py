@@ -45,7 +45,7 @@ def tp_divides_heads(ctx: Context) -> Verdict:
     facts, tp = ctx.facts, ctx.config.gen_tp
     assert facts is not None
     heads, kv = facts.num_attention_heads, facts.num_key_value_heads
-    if heads is None or kv is None:
+    if not heads or not kv:
         return skip("config.json gives no head counts")
     if heads % tp:
         return fatal(
