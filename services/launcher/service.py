@@ -146,6 +146,7 @@ class Launcher:
 
         ctx = RunContext(run_id, team, config, run_dir, emit, save, dict(progress), self.cancels[run_id])
         try:
+            await revalidate(ctx)
             engine = make_engine(config.engine)
             outcome = await engine.run(ctx)
         except BusError as e:
@@ -209,6 +210,22 @@ class Launcher:
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+async def revalidate(ctx: RunContext) -> None:
+    """The runner's own pass of the validator's static checks, just before launch: files may have moved since the
+    config was submitted.
+
+    Raises:
+        EngineError: a check is fatal now (phase ``validate``).
+    """
+    from services.validator.library import check_config  # the validator's public face
+
+    await ctx.enter_phase("validate")
+    fatal = [r for r in check_config(ctx.config) if r.severity == "fatal"]
+    if fatal:
+        detail = "; ".join(f"{r.id}: {r.message}" for r in fatal)
+        raise EngineError(f"{len(fatal)} check(s) fail just before launch: {detail}", phase="validate")
 
 
 async def _retrying(action: Callable[[], Awaitable[object]], what: str, window_s: float = RETRY_WINDOW_S) -> None:

@@ -20,7 +20,7 @@ from tests.conftest import ROOT, Services, wait_until
 
 pytestmark = pytest.mark.integration
 
-TRAIN_PHASES = ["environment", "ray", "replicas", "proxy", "loop", "outputs"]
+TRAIN_PHASES = ["validate", "environment", "ray", "replicas", "proxy", "loop", "outputs"]
 
 
 def fake_config(tmp_path: Path, **overrides: str) -> Path:
@@ -47,7 +47,7 @@ def fake_config(tmp_path: Path, **overrides: str) -> Path:
 
 def expected_names(num_steps: int, n_resp: int, save_freq: int) -> list[str]:
     names = ["config.submitted", "config.validated", "run.queued", "run.admitted"]
-    names += ["phase.started", "phase.started", "cluster.ready", "phase.started", "replicas.ready"]
+    names += ["phase.started"] * 3 + ["cluster.ready", "phase.started", "replicas.ready"]
     names += ["phase.started", "phase.started"]
     for step in range(1, num_steps + 1):
         names += ["trial.finished"] * (4 * min(n_resp, 2)) + ["step.done"]
@@ -344,3 +344,28 @@ def test_the_validator_service_runs_the_static_checks_and_rejects_a_fatal_one(
     fatal = {c["id"] for c in checks if c["severity"] == "fatal"}
     assert "paths.model" in fatal
     assert {c["check_class"] for c in checks} >= {1, 2, 3, 4, 5, 6, 7, 8, 9}
+
+
+def test_the_launcher_validates_again_just_before_launch(services: Services, tmp_path: Path) -> None:
+    data = ROOT / "tests" / "data"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((data / "models" / "llama-tiny" / "config.json").read_text())
+    config = fake_config(tmp_path, ENGINE="local", MODEL_PATH=str(model), TRAIN_FILES=str(data / "tasks"))
+    config.write_text(config.read_text() + "MAX_PROMPT=256\nMAX_RESP=256\n")
+    resolved = load_config(config, environ={})  # valid now: the model folder exists
+    services.start("validator")
+    services.start("tracker")
+
+    async def submit_then_remove_the_model() -> str:
+        async with RunctlClient(services.nats_url, services.tracker_url) as client:
+            return (await client.submit(resolved)).run_id
+
+    run_id = asyncio.run(submit_then_remove_the_model())
+    wait_for_state(services, run_id, "validated")
+    (model / "config.json").unlink()
+    model.rmdir()
+    services.start("launcher")
+    record = wait_for_state(services, run_id, "failed")
+    assert record["run"]["error"]["phase"] == "validate"
+    assert "paths.model" in record["run"]["error"]["message"]
