@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from runctl.config.models import RunConfig, TrainConfig
+from services.validator.registry import Context
+
+
+def train_config(ctx: Context) -> TrainConfig:
+    """The config of a train-only check (the registry runs those on train runs alone)."""
+    assert isinstance(ctx.config, TrainConfig)
+    return ctx.config
 
 
 def train_nodes(config: TrainConfig) -> int:

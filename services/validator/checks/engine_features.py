@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from runctl.config.models import TrainConfig
+from services.validator.checks.common import train_config
 from services.validator.registry import Context, Verdict, check, fatal, ok, warn
 from services.validator.rules import DECAYING_SCHEDULES, ENGINES
 
 ENGINE = 7
 
 
-def _train(ctx: Context) -> TrainConfig:
-    assert isinstance(ctx.config, TrainConfig)
-    return ctx.config
-
-
 @check("engine.veomni_flags", ENGINE, "a crash in the backward pass of the first step", ["train"])
 def veomni_flags(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     on = [f for f in ENGINES[c.model_engine].forbidden_flags if getattr(c, f.lower())]
     if on:
         return fatal(
@@ -34,7 +29,7 @@ def veomni_flags(ctx: Context) -> Verdict:
     needs_facts=True,
 )
 def routing_replay(ctx: Context) -> Verdict:
-    c, facts = _train(ctx), ctx.facts
+    c, facts = train_config(ctx), ctx.facts
     assert facts is not None
     features = ENGINES[c.model_engine]
     if c.enable_r3 and not facts.is_moe:
@@ -57,7 +52,7 @@ def routing_replay(ctx: Context) -> Verdict:
 
 @check("engine.lr_schedule", ENGINE, "a learning rate that silently decays to zero", ["train"])
 def lr_schedule(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     if c.lr_scheduler in DECAYING_SCHEDULES and c.total_training_steps is None:
         return fatal(
             f"LR_SCHEDULER={c.lr_scheduler} decays over a step count the run does not know: "
@@ -69,7 +64,7 @@ def lr_schedule(ctx: Context) -> Verdict:
 
 @check("engine.rollout_is", ENGINE, "importance weights that starve the gradient", ["train"])
 def rollout_is(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     if c.rollout_is == "sequence":
         return warn(
             "ROLLOUT_IS=sequence multiplies token ratios over long agent trajectories: the weights collapse "

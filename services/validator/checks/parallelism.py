@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from runctl.config.models import TrainConfig
-from services.validator.checks.common import rollout_gpus, train_nodes, train_world
+from services.validator.checks.common import rollout_gpus, train_config, train_nodes, train_world
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip
 from services.validator.rules import GROUP_ESTIMATORS
 
@@ -11,14 +10,9 @@ TOPOLOGY = 4
 PARALLEL = 5
 
 
-def _train(ctx: Context) -> TrainConfig:
-    assert isinstance(ctx.config, TrainConfig)
-    return ctx.config
-
-
 @check("topology.nnodes_sum", TOPOLOGY, "Ray placement waiting forever for nodes that never come", ["train"])
 def nnodes_sum(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     rollout = c.n_nodes_rollout or 0
     trainer = train_nodes(c)
     if c.training_mode == "async" and rollout < 1:
@@ -81,7 +75,7 @@ def gpus_fill_replicas(ctx: Context) -> Verdict:
 
 @check("parallel.sp_divides_world", PARALLEL, "a device-mesh error when the trainer starts", ["train"])
 def sp_divides_world(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     world = train_world(c)
     if c.ngpus_per_node == 0:
         return skip("NGPUS_PER_NODE=0: no GPU world to split")
@@ -101,7 +95,7 @@ def sp_divides_world(ctx: Context) -> Verdict:
 
 @check("batch.group_size", PARALLEL, "a run whose every advantage is zero, so nothing is learned", ["train"])
 def group_size(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     if c.adv_estimator in GROUP_ESTIMATORS and c.n_resp < 2:
         return fatal(
             f"ADV_ESTIMATOR={c.adv_estimator} compares a task's responses, but N_RESP={c.n_resp}: "
@@ -113,7 +107,7 @@ def group_size(ctx: Context) -> Verdict:
 
 @check("batch.mini_divides_bsz", PARALLEL, "verl rejecting the batch sizes at start", ["train"])
 def mini_divides_bsz(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     if c.train_mini_bsz > c.train_bsz or c.train_bsz % c.train_mini_bsz:
         return fatal(
             f"TRAIN_BSZ={c.train_bsz} is not a multiple of TRAIN_MINI_BSZ={c.train_mini_bsz}.",
@@ -124,7 +118,7 @@ def mini_divides_bsz(ctx: Context) -> Verdict:
 
 @check("batch.trials_divide_gpus", PARALLEL, "verl failing after start-up on an uneven split of trials", ["train"])
 def trials_divide_gpus(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     world, trials = train_world(c), c.train_bsz * c.n_resp
     if world == 0:
         return skip("NGPUS_PER_NODE=0: no GPU world to split")
@@ -138,7 +132,7 @@ def trials_divide_gpus(ctx: Context) -> Verdict:
 
 @check("batch.micro_divides_mini", PARALLEL, "a late verl error at the first update step", ["train"])
 def micro_divides_mini(ctx: Context) -> Verdict:
-    c = _train(ctx)
+    c = train_config(ctx)
     world = train_world(c)
     if c.use_dynamic_bsz:
         return skip("USE_DYNAMIC_BSZ=1 packs micro-batches by tokens")
