@@ -37,6 +37,7 @@ def check_table() -> str:
     for check in registered():
         applies = "all" if len(check.run_types) == 3 else ", ".join(sorted(check.run_types))
         needs = " (reads the model's config.json)" if check.needs_facts else ""
+        needs += " (live probe; skipped with --static)" if check.live else ""
         rows.append(f"| `{check.id}` | {check.check_class} | {applies} | {check.prevents}{needs} |")
     return "\n".join(rows) + "\n"
 

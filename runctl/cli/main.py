@@ -118,12 +118,12 @@ def _load(config: Path) -> ResolvedConfig:
 _MARKS = {"ok": "[green]✓[/]", "warn": "[yellow]⚠[/]", "fatal": "[red]✗[/]", "skip": "[dim]⊘[/]"}
 
 
-def _static_checks(resolved: ResolvedConfig) -> list[Any]:
-    """Class 1 passed (the config resolved); then the validator's static checks, classes 2-9."""
+def _checks(resolved: ResolvedConfig, live: bool) -> list[Any]:
+    """Class 1 passed (the config resolved); then the validator's checks, classes 2-9, live probes if asked."""
     from services.validator.library import check_config, schema_ok  # the validator's public face
 
     set_above_default = sum(1 for s in resolved.settings.values() if s.layer != "default")
-    return [schema_ok(resolved.run_type, set_above_default), *check_config(resolved.model)]
+    return [schema_ok(resolved.run_type, set_above_default), *check_config(resolved.model, live=live)]
 
 
 def _print_checks(results: list[Any]) -> int:
@@ -146,7 +146,7 @@ def _print_checks(results: list[Any]) -> int:
 def validate(
     config: ConfigArg,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    static: Annotated[bool, typer.Option(help="Only checks that need no cluster (all checks, for now).")] = False,
+    static: Annotated[bool, typer.Option(help="Only checks that need no cluster: no live probes.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Also print the fully expanded launch command.")] = False,
 ) -> None:
     """Check a config without launching anything. Exit 0: no fatal problem; 1: fatal problems."""
@@ -157,7 +157,7 @@ def validate(
     resolved = None
     try:
         resolved = _load(config)
-        results = _static_checks(resolved)
+        results = _checks(resolved, live=not static)
     except ConfigError as e:
         from services.validator.library import issue_results
 
@@ -225,7 +225,7 @@ def submit(
     flags = resolved.model.preflight_only or resolved.model.dry_run
     if flags and resolved.model.dry_run:
         print(resolved.to_env(), end="")
-    results = _static_checks(resolved)
+    results = _checks(resolved, live=True)
     fatal = sum(1 for r in results if r.severity == "fatal")
     if flags or fatal:
         _print_checks(results)

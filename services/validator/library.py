@@ -16,9 +16,10 @@ from services.validator.registry import REGISTRY, Check
 __all__ = ["check_config", "check_submission", "counts", "issue_results", "registered", "schema_ok"]
 
 
-def check_config(config: RunConfig) -> list[CheckResult]:
-    """Every static check (classes 2-9) that applies to the config's run type, in class order."""
-    return REGISTRY.run(config)
+def check_config(config: RunConfig, live: bool = False) -> list[CheckResult]:
+    """Every check (classes 2-9) that applies to the config's run type, in class order. Live probes (bus, tracker,
+    ports) run only with ``live``; they make network calls, so callers inside an event loop leave it off."""
+    return REGISTRY.run(config, live)
 
 
 def check_submission(submitted: ConfigSubmitted, run_id: str) -> list[CheckResult]:

@@ -49,15 +49,16 @@ class Context:
     config: RunConfig
     facts: ModelFacts | None = None
     facts_missing: str = ""
+    live: bool = False
 
     @classmethod
-    def build(cls, config: RunConfig) -> Context:
+    def build(cls, config: RunConfig, live: bool = False) -> Context:
         if config.engine == "fake":
-            return cls(config, None, "ENGINE=fake runs no model")
+            return cls(config, None, "ENGINE=fake runs no model", live)
         try:
-            return cls(config, read_facts(config.model_path))
+            return cls(config, read_facts(config.model_path), live=live)
         except FactsUnavailable as e:
-            return cls(config, None, e.reason)
+            return cls(config, None, e.reason, live)
 
 
 CheckFn = Callable[[Context], Verdict]
@@ -71,9 +72,12 @@ class Check:
     fn: CheckFn
     run_types: frozenset[RunType] = ALL_RUN_TYPES
     needs_facts: bool = False
+    live: bool = False
 
     def run(self, ctx: Context) -> CheckResult:
-        if self.needs_facts and ctx.facts is None:
+        if self.live and not ctx.live:
+            verdict = skip("live probe: not run with --static (or by services, which check statically)")
+        elif self.needs_facts and ctx.facts is None:
             verdict = skip(f"needs the model's config.json: {ctx.facts_missing}")
         else:
             verdict = self.fn(ctx)
@@ -97,20 +101,21 @@ class Registry:
         prevents: str,
         run_types: Iterable[RunType] = ALL_RUN_TYPES,
         needs_facts: bool = False,
+        live: bool = False,
     ) -> Callable[[CheckFn], CheckFn]:
-        """Decorator: add a check function under ``check_id``."""
+        """Decorator: add a check function under ``check_id``; ``live`` checks probe the world."""
 
         def add(fn: CheckFn) -> CheckFn:
             if any(c.id == check_id for c in self.checks):
                 raise ValueError(f"check id {check_id} registered twice")
-            self.checks.append(Check(check_id, check_class, prevents, fn, frozenset(run_types), needs_facts))
+            self.checks.append(Check(check_id, check_class, prevents, fn, frozenset(run_types), needs_facts, live))
             return fn
 
         return add
 
-    def run(self, config: RunConfig) -> list[CheckResult]:
-        """Every static check that applies to this run type, in class order."""
-        ctx = Context.build(config)
+    def run(self, config: RunConfig, live: bool = False) -> list[CheckResult]:
+        """Every check that applies to this run type, in class order; live probes only when ``live``."""
+        ctx = Context.build(config, live)
         applicable = [c for c in self.checks if config.run_type in c.run_types]
         return [c.run(ctx) for c in sorted(applicable, key=lambda c: c.check_class)]
 

@@ -100,6 +100,9 @@ def test_validate_reports_every_problem_with_file_line_and_fix(cli: Cli, tmp_pat
     assert as_json["ok"] is False
     assert {c["id"] for c in as_json["checks"]} == {"schema.unknown_key", "schema.value"}
     assert json.loads(cli("validate", str(PREVIEW), "--json").stdout)["ok"] is True
+    static = json.loads(cli("validate", str(PREVIEW), "--json", "--static").stdout)["checks"]
+    probes = [c for c in static if c["id"].startswith("services.")]
+    assert probes and all(c["severity"] == "skip" and "--static" in c["message"] for c in probes)
 
 
 def test_usage_errors_exit_2(cli: Cli) -> None:

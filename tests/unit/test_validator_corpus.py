@@ -52,7 +52,9 @@ def test_the_corpus_is_large_and_covers_every_registered_check() -> None:
     expected = {corpus_text(p)[1] for p in BROKEN}
     # verl.compose trips only when runctl and verl disagree about verl's tree, which no config can cause;
     # tests/unit/test_verl.py feeds it a bad override instead.
-    assert {c.id for c in registered()} - {"verl.compose"} <= expected
+    # Live probes need the world (bus, tracker, ports): tests/integration/test_live_probes.py covers them.
+    static = {c.id for c in registered() if not c.live}
+    assert static - {"verl.compose"} <= expected
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.name)

@@ -3,10 +3,19 @@
 from services.validator.checks import (
     config_paths,
     engine_features,
+    live_probes,
     model_fit,
     parallelism,
     runtime_services,
     verl_schema,
 )
 
-__all__ = ["config_paths", "engine_features", "model_fit", "parallelism", "runtime_services", "verl_schema"]
+__all__ = [
+    "config_paths",
+    "engine_features",
+    "live_probes",
+    "model_fit",
+    "parallelism",
+    "runtime_services",
+    "verl_schema",
+]
