@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from runctl.bus import Bus, ConsumerSpec, Delivery, StreamLimits
+from runctl.bus import Bus, Consumer, ConsumerSpec, Delivery, StreamLimits
+from runctl.bus.client import BatchHandler
 from runctl.errors import BusUnreachableError, PublishError
 from runctl.events import StepDone, TrialFinished, new_event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
@@ -20,6 +22,27 @@ def step(n: int, run_id: str = "r-1", event_id: str | None = None):  # type: ign
     return new_event(
         StepDone(step=n, metrics={"x": float(n)}), team="nlp", run_id=run_id, source="/t", event_id=event_id
     )
+
+
+async def consume_until(
+    bus: Bus, spec: ConsumerSpec, handler: BatchHandler, condition: Callable[[], object], what: str
+) -> Consumer:
+    """Run a consumer until ``condition`` holds (or fail the test naming ``what``), then stop it."""
+    consumer = await bus.consumer(spec)
+    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
+    try:
+        await async_wait_until(condition, 15, what)
+    finally:
+        consumer.stop()
+        await task
+    return consumer
+
+
+def dead_lettered(bus: Bus, count: int = 1) -> Callable[[], Awaitable[bool]]:
+    async def parked() -> bool:
+        return (await bus.js.stream_info(DEADLETTER_STREAM)).state.messages == count
+
+    return parked
 
 
 async def test_streams_are_created_idempotently_and_updated_when_limits_change(bus: Bus) -> None:
@@ -95,18 +118,10 @@ async def test_consumer_delivers_in_order_and_resumes_where_it_left_off(bus: Bus
     async def handler(batch: list[Delivery]) -> None:
         seen.extend(d.event.data.step for d in batch)  # type: ignore[attr-defined]
 
-    consumer = await bus.consumer(spec)
-    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
-    await async_wait_until(lambda: len(seen) == 20, 10, "20 deliveries")
-    consumer.stop()
-    await task
+    await consume_until(bus, spec, handler, lambda: len(seen) == 20, "20 deliveries")
     assert seen == list(range(20))
     await bus.publish_many([step(i) for i in range(20, 25)])
-    consumer = await bus.consumer(spec)
-    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
-    await async_wait_until(lambda: len(seen) == 25, 10, "5 more deliveries")
-    consumer.stop()
-    await task
+    await consume_until(bus, spec, handler, lambda: len(seen) == 25, "5 more deliveries")
     assert seen == list(range(25))
 
 
@@ -130,15 +145,7 @@ async def test_a_poison_event_is_dead_lettered_and_does_not_hold_back_the_others
         handled.extend(d.event.data.step for d in batch)  # type: ignore[attr-defined]
 
     await bus.publish_many([step(i) for i in range(5)])
-    consumer = await bus.consumer(spec)
-    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
-
-    async def parked() -> bool:
-        return (await bus.js.stream_info(DEADLETTER_STREAM)).state.messages == 1
-
-    await async_wait_until(parked, 15, "the poison event in DEADLETTER")
-    consumer.stop()
-    await task
+    consumer = await consume_until(bus, spec, handler, dead_lettered(bus), "the poison event in DEADLETTER")
     assert sorted(handled) == [0, 1, 3, 4]
     assert attempts[2] >= 3  # the first delivery is tried in its batch, then alone
     assert consumer.stats.dead_lettered == 1
@@ -158,16 +165,12 @@ async def test_a_message_that_is_not_an_event_is_dead_lettered_at_once(bus: Bus)
     async def handler(batch: list[Delivery]) -> None:
         handled.extend(d.event.data.step for d in batch)  # type: ignore[attr-defined]
 
-    consumer = await bus.consumer(spec)
-    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
-    await async_wait_until(lambda: handled == [1], 10, "the valid event")
+    parked = dead_lettered(bus)
 
-    async def parked() -> bool:
-        return (await bus.js.stream_info(DEADLETTER_STREAM)).state.messages == 1
+    async def both() -> bool:
+        return handled == [1] and await parked()
 
-    await async_wait_until(parked, 10, "the garbage in DEADLETTER")
-    consumer.stop()
-    await task
+    await consume_until(bus, spec, handler, both, "the valid event handled and the garbage in DEADLETTER")
     dead = await bus.js.get_last_msg(DEADLETTER_STREAM, deadletter_subject("t-garbage"))
     assert dead.data == b"{not json"
     assert dead.headers is not None and dead.headers["Runctl-Error-Type"] == "EventError"
@@ -198,15 +201,7 @@ async def test_an_envelope_that_claims_another_team_than_its_subject_is_dead_let
     async def handler(batch: list[Delivery]) -> None:
         handled.extend(d.event.id for d in batch)
 
-    consumer = await bus.consumer(spec)
-    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
-
-    async def parked() -> bool:
-        return (await bus.js.stream_info(DEADLETTER_STREAM)).state.messages == 1
-
-    await async_wait_until(parked, 10, "the forged event in DEADLETTER")
-    consumer.stop()
-    await task
+    await consume_until(bus, spec, handler, dead_lettered(bus), "the forged event in DEADLETTER")
     assert handled == []
 
 
