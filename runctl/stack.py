@@ -97,7 +97,7 @@ class Child:
         if self.proc is None or self.proc.poll() is not None:
             return None
         ticks = process_start_ticks(self.proc.pid)
-        return ProcessRecord(self.proc.pid, ticks or 0, self.restarts) if ticks is not None else None
+        return ProcessRecord(self.proc.pid, ticks, self.restarts) if ticks is not None else None
 
     def stop(self, grace_s: float) -> None:
         if self.proc is None or self.proc.poll() is not None:

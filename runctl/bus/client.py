@@ -17,7 +17,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -146,7 +146,6 @@ class ConsumerStats:
     redelivered: int = 0
     dead_lettered: int = 0
     last_error: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _AckBatch:
