@@ -7,6 +7,7 @@
     │   ├── BusUnreachableError      no NATS server answers at the URL
     │   └── PublishError             the server did not acknowledge a publish
     ├── StackError                   the embedded stack (``runctl up`` / ``down``) could not start or stop
+    ├── TaskError                    a Harbor task folder or a task index is missing or malformed
     └── TrackerError                 the tracker API failed or is unreachable
         └── RunNotFoundError         no run with that id is recorded
 
@@ -112,3 +113,22 @@ class TrackerError(RunctlError):
 
 class RunNotFoundError(TrackerError):
     """No run with the given id is recorded by the tracker."""
+
+
+class TaskError(RunctlError):
+    """A Harbor task folder or task index is missing or malformed.
+
+    Args:
+        path: the file or folder at fault.
+        problem: what is wrong.
+        fix: how to fix it.
+        field: the ``task.toml`` field or index column at fault, where there is one.
+    """
+
+    def __init__(self, path: str, problem: str, fix: str, field: str | None = None) -> None:
+        where = f"{path} [{field}]" if field else path
+        super().__init__(f"{where}: {problem} Fix: {fix}")
+        self.path = path
+        self.problem = problem
+        self.fix = fix
+        self.field = field

@@ -200,3 +200,16 @@ def services(nats_server: NatsServer, tmp_path: Path) -> Iterator[Services]:
 @pytest.fixture
 def examples() -> Path:
     return ROOT / "configs" / "examples"
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> Iterator[str]:
+    """DOCKER_HOST of a real Docker Engine (started here when none runs) holding the ``runctl-base`` image."""
+    from tests.infra import docker_daemon
+
+    reason = docker_daemon.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with docker_daemon.docker_daemon() as daemon:
+        docker_daemon.ensure_base_image(daemon.host)
+        yield daemon.host

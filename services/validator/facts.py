@@ -26,6 +26,7 @@ class ModelFacts:
     max_position_embeddings: int | None
     hidden_size: int | None
     num_layers: int | None
+    head_dim: int | None
     num_experts: int
     rope_scaling: bool
     num_params: int | None
@@ -75,6 +76,22 @@ def estimate_params(doc: dict[str, Any]) -> int | None:
     return layers * (attention + mlp) + embeddings
 
 
+def _head_dim(doc: dict[str, Any]) -> int | None:
+    hidden, heads = _int(doc, "hidden_size", "n_embd", "d_model"), _int(doc, "num_attention_heads", "n_head")
+    return _int(doc, "head_dim") or (hidden // heads if hidden and heads else None)
+
+
+def kv_bytes_per_token(facts: ModelFacts, tp: int, dtype_bytes: int = 2) -> int | None:
+    """KV-cache bytes one token takes on one GPU: K and V for every layer, this GPU's share of the KV heads.
+
+    With TP larger than the KV-head count, vLLM replicates heads, so each GPU holds at least one.
+    """
+    if facts.num_layers is None or facts.num_key_value_heads is None or facts.head_dim is None:
+        return None
+    heads_here = max(1, facts.num_key_value_heads // tp)
+    return 2 * facts.num_layers * heads_here * facts.head_dim * dtype_bytes
+
+
 def read_facts(model_path: str) -> ModelFacts:
     """Read a model folder's facts.
 
@@ -100,6 +117,7 @@ def read_facts(model_path: str) -> ModelFacts:
         max_position_embeddings=_int(doc, *_POSITION_KEYS),
         hidden_size=_int(doc, "hidden_size", "n_embd", "d_model"),
         num_layers=_int(doc, "num_hidden_layers", "n_layer", "num_layers"),
+        head_dim=_head_dim(doc),
         num_experts=_int(doc, *_EXPERT_KEYS) or 1,
         rope_scaling=bool(doc.get("rope_scaling")),
         num_params=estimate_params(doc),

@@ -6,8 +6,9 @@ the model's facts are skipped, with the reason, when ``config.json`` cannot be r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from runctl.config.models import RunConfig, RunType
 from runctl.events import CheckResult
@@ -15,6 +16,7 @@ from runctl.events.payloads import Severity
 from services.validator.facts import FactsUnavailable, ModelFacts, read_facts
 
 ALL_RUN_TYPES: frozenset[RunType] = frozenset({"train", "eval", "infer"})
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,14 @@ class Context:
     facts: ModelFacts | None = None
     facts_missing: str = ""
     live: bool = False
+    _memo: dict[Hashable, Any] = field(default_factory=dict, repr=False)
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()`` once per validation: checks that read the same index share one read."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        result: T = self._memo[key]
+        return result
 
     @classmethod
     def build(cls, config: RunConfig, live: bool = False) -> Context:

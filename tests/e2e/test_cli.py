@@ -84,7 +84,8 @@ def test_init_writes_a_template_that_only_needs_its_placeholders_filled(cli: Cli
     data = ROOT / "tests" / "data"
     filled = text.replace("MODEL_PATH=CHANGEME", f"MODEL_PATH={data}/models/qwen3-moe")
     path.write_text(filled.replace("TRAIN_FILES=CHANGEME", f"TRAIN_FILES={data}/tasks").replace("CHANGEME", "x"))
-    assert "0 fatal problems" in cli("validate", str(path)).stdout
+    # --static: the live disk probe rightly finds no room here for a 30B model's checkpoints.
+    assert "0 fatal problems" in cli("validate", "--static", str(path)).stdout
     assert cli("init", "train", "my_run", "--dir", str(tmp_path), check=False).returncode == 1
 
 

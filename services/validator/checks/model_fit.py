@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runctl.config.models import TrainConfig
 from services.validator.checks.common import rollout_gpus, serving_length, train_world
+from services.validator.facts import kv_bytes_per_token
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
 
 FIT = 6
@@ -58,7 +59,12 @@ def _share(need_gib: float, have_gib: float, what: str, fix: str) -> Verdict:
     return ok(f"{what}: about {need_gib:.1f} GiB of {have_gib:.1f} GiB per GPU")
 
 
-@check("fit.memory_serving", FIT, "vLLM running out of memory at start, after the cluster came up", needs_facts=True)
+@check(
+    "fit.memory_serving",
+    FIT,
+    "vLLM refusing to start (no room for one full-length sequence's KV cache) after the cluster came up",
+    needs_facts=True,
+)
 def memory_serving(ctx: Context) -> Verdict:
     c, facts = ctx.config, ctx.facts
     assert facts is not None
@@ -68,13 +74,23 @@ def memory_serving(ctx: Context) -> Verdict:
         return skip("config.json does not give the model's shape")
     utilisation = getattr(c, "gpu_mem_util", None) or (0.85 if getattr(c, "training_mode", "") == "async" else 0.6)
     weights = facts.num_params * SERVE_BYTES_PER_PARAM / c.gen_tp / GIB
+    per_token, length = kv_bytes_per_token(facts, c.gen_tp), serving_length(c)
+    kv = per_token * length / GIB if per_token and length else 0.0
     budget = c.gpu_memory_gb * utilisation
-    return _share(
-        weights,
-        budget,
-        f"vLLM weights at TP {c.gen_tp} within {utilisation:.0%} of the GPU",
-        "raise GEN_TP, or GPU_MEM_UTIL, or use a bigger GPU.",
-    )
+    fix = "raise GEN_TP, or GPU_MEM_UTIL, or use a bigger GPU."
+    if kv and weights <= budget < weights + kv:
+        return fatal(
+            f"vLLM weights at TP {c.gen_tp} take about {weights:.1f} GiB of the {budget:.1f} GiB it may use "
+            f"({utilisation:.0%} of {c.gpu_memory_gb} GiB), leaving {budget - weights:.1f} GiB; one {length}-token "
+            f"sequence needs {kv:.1f} GiB of KV cache: vLLM refuses to start.",
+            f"lower MAX_MODEL_LEN, or {fix}",
+        )
+    what = f"vLLM weights at TP {c.gen_tp}" + (f" + KV cache for one {length}-token sequence" if kv else "")
+    verdict = _share(weights + kv, budget, f"{what} within {utilisation:.0%} of the GPU", fix)
+    if verdict.severity == "ok" and kv:
+        room = int((budget - weights) / kv)
+        return ok(f"{verdict.message}; the KV cache holds about {room} full-length sequences")
+    return verdict
 
 
 @check("fit.memory_training", FIT, "an out-of-memory crash at the first update", ["train"], needs_facts=True)

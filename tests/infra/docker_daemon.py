@@ -1,0 +1,133 @@
+"""A real Docker Engine for the tests: the one at $DOCKER_HOST, or a dockerd this module starts and stops.
+
+The daemon runs with no bridge and no iptables rules (containers use ``--network none``), with its data and
+exec roots in a temp folder. Images cannot be pulled here, so :func:`ensure_base_image` makes ``runctl-base``
+from the host's static busybox with ``docker import``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests
+
+from services.validator.checks.live_probes import socket_unreachable
+from tests.conftest import wait_until
+
+BASE_IMAGE = "runctl-base:latest"
+BUSYBOX = Path("/bin/busybox")
+START_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class DockerDaemon:
+    host: str
+    """DOCKER_HOST for clients: unix:///…/docker.sock."""
+    started_here: bool
+
+
+def answers(host: str) -> bool:
+    if socket_unreachable(host):
+        return False
+    try:
+        client = docker.DockerClient(base_url=host, timeout=3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (docker.errors.DockerException, requests.RequestException):
+        return False
+
+
+def why_unavailable() -> str | None:
+    """None when a daemon can be had here; else the reason (a test skip message)."""
+    host = os.environ.get("DOCKER_HOST")
+    if host and answers(host):
+        return None
+    if shutil.which("dockerd") is None:
+        return "no Docker daemon: install docker.io (apt) or set DOCKER_HOST"
+    if os.geteuid() != 0:
+        return "dockerd needs root to start here; set DOCKER_HOST to a running daemon"
+    return None
+
+
+@contextmanager
+def docker_daemon() -> Iterator[DockerDaemon]:
+    """The daemon at $DOCKER_HOST when it answers; else start one, and stop it (by its PID) on exit."""
+    host = os.environ.get("DOCKER_HOST")
+    if host and answers(host):
+        yield DockerDaemon(host, started_here=False)
+        return
+    root = Path(tempfile.mkdtemp(prefix="rdk-", dir="/tmp"))
+    host = f"unix://{root}/docker.sock"
+    args = ["dockerd", "-H", host, "--data-root", f"{root}/data", "--exec-root", f"{root}/exec"]
+    args += ["--pidfile", f"{root}/docker.pid", "--iptables=false", "--ip-masq=false", "--bridge=none"]
+    log = (root / "dockerd.log").open("wb")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: proc.poll() is not None or answers(host), START_TIMEOUT_S, "dockerd to answer")
+        if proc.poll() is not None:
+            raise RuntimeError(f"dockerd exited with {proc.returncode}: {(root / 'dockerd.log').read_text()[-2000:]}")
+        yield DockerDaemon(host, started_here=True)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def busybox_rootfs_tar() -> bytes:
+    """A root filesystem: static busybox, a symlink per applet, a ``bash`` that runs busybox's ash, and /tmp."""
+    applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for folder, mode in (("bin", 0o755), ("tmp", 0o1777), ("app", 0o755), ("logs", 0o755), ("etc", 0o755)):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+        tar.add(BUSYBOX, "bin/busybox")
+        for applet in applets:
+            if applet != "busybox" and "/" not in applet:
+                link = tarfile.TarInfo(f"bin/{applet}")
+                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+                tar.addfile(link)
+        files = {
+            "bin/bash": (b'#!/bin/sh\nexec /bin/ash "$@"\n', 0o755),
+            "etc/passwd": (b"root:x:0:0::/root:/bin/sh\n", 0o644),
+        }
+        for name, (data, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def ensure_base_image(host: str) -> str:
+    """``runctl-base:latest`` on the daemon, imported from busybox when missing; returns its name."""
+    client = docker.DockerClient(base_url=host, timeout=60)
+    try:
+        try:
+            client.images.get(BASE_IMAGE)
+        except docker.errors.ImageNotFound:
+            repository, tag = BASE_IMAGE.split(":")
+            client.api.import_image_from_data(busybox_rootfs_tar(), repository=repository, tag=tag)
+        return BASE_IMAGE
+    finally:
+        client.close()

@@ -1,0 +1,87 @@
+"""A real Ray head for the tests, started only inside a loopback-only network namespace.
+
+Ray listens on the machine's routable address whatever it is told, so the suite runs inside ``unshare --net``
+(scripts/test.sh arranges it) and these helpers refuse to start Ray anywhere else. Ray is stopped by killing
+the process group this module started, never with ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import free_port, wait_until
+
+START_TIMEOUT_S = 90
+
+
+def in_loopback_only_netns() -> bool:
+    """True when the only network interface this process sees is ``lo``."""
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def why_unavailable() -> str | None:
+    if not in_loopback_only_netns():
+        return "Ray is only started inside a loopback-only network namespace: run the suite with scripts/test.sh"
+    if shutil.which("ray", path=str(Path(sys.executable).parent)) is None:
+        return "ray is not installed (pip install 'ray[default]')"
+    return None
+
+
+@dataclass(frozen=True)
+class RayHead:
+    gcs_address: str
+    dashboard_url: str
+
+
+def alive_nodes(dashboard_url: str) -> int:
+    try:
+        reply = httpx.get(f"{dashboard_url}/api/v0/nodes", timeout=2).json()
+        return sum(n["state"] == "ALIVE" for n in reply["data"]["result"]["result"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return 0
+
+
+@contextmanager
+def ray_head(num_cpus: int = 1, num_gpus: int = 0, dashboard_port: int | None = None) -> Iterator[RayHead]:
+    """Start ``ray start --head --block`` on 127.0.0.1 and wait until its dashboard lists it alive."""
+    reason = why_unavailable()
+    if reason:
+        raise RuntimeError(reason)
+    temp = Path(tempfile.mkdtemp(prefix="rr-", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    port, dashboard = free_port(), dashboard_port or free_port()
+    ray = str(Path(sys.executable).parent / "ray")
+    args = [ray, "start", "--head", "--block", "--disable-usage-stats", f"--port={port}", f"--temp-dir={temp}"]
+    args += ["--node-ip-address=127.0.0.1", "--include-dashboard=true", "--dashboard-host=127.0.0.1"]
+    args += [f"--dashboard-port={dashboard}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    log = (temp / "head.log").open("wb")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{dashboard}"
+    try:
+        wait_until(lambda: proc.poll() is not None or alive_nodes(url) >= 1, START_TIMEOUT_S, "the Ray head")
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray exited with {proc.returncode}: {(temp / 'head.log').read_text()[-2000:]}")
+        yield RayHead(f"127.0.0.1:{port}", url)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)

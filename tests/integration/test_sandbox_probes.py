@@ -1,0 +1,138 @@
+"""Class 8 live probes against a real dockerd (with a fake registry) and a fake Kubernetes API server.
+
+No registry is reachable from these machines, so a small HTTP server speaks the two registry v2 paths the
+daemon asks (``/v2/`` and a manifest) and answers that the image does not exist.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runctl.config import load_config
+from runctl.events import CheckResult
+from services.validator.library import check_config
+from tests.conftest import ROOT, free_port
+from tests.infra.kube_api import FakeCluster, fake_kube_api
+from tests.integration.test_lifecycle import fake_config
+
+pytestmark = pytest.mark.integration
+TASKS = ROOT / "tests" / "data" / "tasks"
+
+
+def probe(config: Path, check_id: str) -> CheckResult:
+    model = load_config(config, environ={}).model
+    return next(r for r in check_config(model, live=True) if r.id == check_id)
+
+
+class _EmptyRegistry(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _answer(self) -> None:
+        found = self.path.rstrip("/") == "/v2"
+        body = b"{}" if found else b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}'
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = _answer
+
+
+@pytest.fixture
+def empty_registry() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyRegistry)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def docker_config(tmp_path: Path, host: str, tasks: Path = TASKS, **overrides: str) -> Path:
+    values = {"BACKEND": "docker", "DOCKER_HOST": host, "TRAIN_FILES": str(tasks), "IMAGE_BUILD": "1"}
+    return fake_config(tmp_path, **{**values, **overrides})
+
+
+def test_docker_answers_and_the_task_base_image_exists(docker_host: str, tmp_path: Path) -> None:
+    result = probe(docker_config(tmp_path, docker_host), "sandbox.docker")
+    assert result.severity == "ok", result
+    assert "1 image(s) needed are available" in result.message
+
+
+def test_an_image_neither_local_nor_in_the_registry_is_fatal(
+    docker_host: str, empty_registry: str, tmp_path: Path
+) -> None:
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS / "hello", tasks / "hello")
+    (tasks / "hello" / "environment" / "Dockerfile").write_text(
+        f"FROM {empty_registry}/nothing:1 AS build\nFROM build\n"
+    )
+    result = probe(docker_config(tmp_path, docker_host, tasks), "sandbox.docker")
+    assert result.severity == "fatal", result
+    assert f"{empty_registry}/nothing:1 is neither on the daemon nor in its registry" in result.message
+    assert "runctl/hello" in result.message
+
+    prebuilt = docker_config(tmp_path, docker_host, TASKS, IMAGE_BUILD="", IMAGE_REGISTRY=f"{empty_registry}/team")
+    result = probe(prebuilt, "sandbox.docker")
+    assert result.severity == "fatal" and f"{empty_registry}/team/runctl-hello:latest" in result.message
+
+
+def test_a_registry_that_does_not_answer_warns(docker_host: str, tmp_path: Path) -> None:
+    config = docker_config(tmp_path, docker_host, IMAGE_BUILD="", IMAGE_REGISTRY=f"127.0.0.1:{free_port()}/team")
+    result = probe(config, "sandbox.docker")
+    assert result.severity == "warn", result
+    assert "could not be asked" in result.message
+
+
+def test_an_unreachable_docker_daemon_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    result = probe(docker_config(tmp_path, f"unix://{tmp_path}/none.sock"), "sandbox.docker")
+    assert result.severity == "skip" and "does not answer" in result.message
+    assert probe(fake_config(tmp_path), "sandbox.docker").severity == "skip"  # BACKEND=local
+
+
+def kube_config(tmp_path: Path, kubeconfig: Path, namespace: str = "runctl") -> Path:
+    values = {"BACKEND": "k8s", "KUBECONFIG": str(kubeconfig), "K8S_NAMESPACE": namespace, "IMAGE_BUILD": "1"}
+    return fake_config(tmp_path, **values)
+
+
+def test_kubernetes_namespace_exists_and_pods_may_be_created(tmp_path: Path) -> None:
+    with fake_kube_api() as api:
+        result = probe(kube_config(tmp_path, api.kubeconfig(tmp_path)), "sandbox.kubernetes")
+        assert result.severity == "ok", result
+        assert ("GET", "/api/v1/namespaces/runctl") in api.cluster.requests
+
+
+@pytest.mark.parametrize(
+    ("cluster", "token", "namespace", "expected"),
+    [
+        (FakeCluster(), None, "missing", "kubectl create namespace missing"),
+        (FakeCluster(), "wrong-token", "runctl", "401"),
+        (FakeCluster(allowed=set()), None, "runctl", "may not create pods"),
+    ],
+    ids=["no-namespace", "bad-token", "no-rights"],
+)
+def test_kubernetes_problems_are_fatal(
+    tmp_path: Path, cluster: FakeCluster, token: str | None, namespace: str, expected: str
+) -> None:
+    with fake_kube_api(cluster) as api:
+        result = probe(kube_config(tmp_path, api.kubeconfig(tmp_path, token), namespace), "sandbox.kubernetes")
+    assert result.severity == "fatal", result
+    assert expected in result.message + result.fix
+
+
+def test_an_unreachable_kubernetes_api_is_skipped(tmp_path: Path) -> None:
+    with fake_kube_api() as api:
+        kubeconfig = api.kubeconfig(tmp_path)
+    result = probe(kube_config(tmp_path, kubeconfig), "sandbox.kubernetes")
+    assert result.severity == "skip" and "does not answer" in result.message
