@@ -274,9 +274,9 @@ def _split_source(source: str) -> tuple[str, int | None]:
 
 
 def _help(run_type: RunType, key: str) -> str:
-    info = MODELS[run_type].model_fields.get(key.lower())
-    text = (info.description if info else None) or ""
-    return " ".join(text.split())
+    from runctl.config.fielddocs import field_doc
+
+    return field_doc(MODELS[run_type], key.lower())
 
 
 def _run_type(entries: list[Entry], path: str, given: RunType | None, environ: Mapping[str, str]) -> RunType:

@@ -28,7 +28,6 @@ class Section(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
-        use_attribute_docstrings=True,
         validate_default=False,
         # Schemas are built on first validation: a command that validates one run type pays only for that one.
         defer_build=True,

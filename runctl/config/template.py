@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import textwrap
 
+from runctl.config.fielddocs import field_doc
 from runctl.config.models import MODELS, RUN_TYPES, SECTIONS, RunType, Section, all_keys, section_keys
 
 _HIDDEN_IN_TEMPLATES = {"PREFLIGHT_ONLY", "DRY_RUN", "PARENT_RUN", "CHECKPOINT_STEP"}
 
 
 def _doc(section: type[Section], key: str) -> str:
-    info = section.model_fields[key.lower()]
-    return " ".join((info.description or "").split())
+    return field_doc(section, key.lower())
 
 
 def _default_text(run_type: RunType, key: str) -> str | None:

@@ -11,12 +11,13 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runctl.events.checks import CheckResult
+
 RUNS_STREAM = "RUNS"
 TRIALS_STREAM = "TRIALS"
 
 Phase = Literal["resolve", "validate", "environment", "ray", "replicas", "proxy", "loop", "outputs"]
 PHASES: tuple[Phase, ...] = ("resolve", "validate", "environment", "ray", "replicas", "proxy", "loop", "outputs")
-Severity = Literal["ok", "warn", "fatal", "skip"]
 TerminationReason = Literal["agent_completed", "timeout", "overlong", "max_turns", "env_setup_failed", "error"]
 
 
@@ -34,17 +35,6 @@ class Payload(BaseModel):
     def type_string(cls) -> str:
         """The versioned CloudEvents type, e.g. ``runctl.checkpoint.saved.v1``."""
         return f"runctl.{cls.event_name}.v{cls.version}"
-
-
-class CheckResult(BaseModel):
-    """One validation check's outcome."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    id: str
-    check_class: int = Field(ge=1, le=9)
-    severity: Severity
-    message: str
-    fix: str = ""
 
 
 class ConfigSubmitted(Payload):

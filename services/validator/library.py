@@ -7,9 +7,13 @@ results, config = check_submission(payload, run_id)   # class 1 on a submission,
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from runctl.config.models import RunConfig
-from runctl.events import CheckResult, ConfigSubmitted
+from runctl.events.checks import CheckResult
+
+if TYPE_CHECKING:
+    from runctl.events.payloads import ConfigSubmitted
 from services.validator.checks.schema import issue_results, schema_checks, schema_ok
 from services.validator.registry import REGISTRY, Check
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runctl.config.models import RunConfig, RunType
-from runctl.events import CheckResult
-from runctl.events.payloads import Severity
+from runctl.events.checks import CheckResult, Severity
 from services.validator.facts import FactsUnavailable, ModelFacts, read_facts
 
 ALL_RUN_TYPES: frozenset[RunType] = frozenset({"train", "eval", "infer"})

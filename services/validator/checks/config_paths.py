@@ -7,14 +7,17 @@ import os
 import shutil
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runctl.config.models import EvalConfig, InferConfig, RunConfig, TrainConfig
 from runctl.errors import TaskError
 from runctl.home import home
-from runctl.tasks import Task, TaskIndex, load_index
 from services.validator.checks.common import train_config
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
 from services.validator.rules import AGENTS_BY_SCAFFOLD, PARSERS_BY_FAMILY
+
+if TYPE_CHECKING:
+    from runctl.tasks import Task, TaskIndex
 
 PATHS = 2
 MODEL = 3
@@ -68,6 +71,8 @@ def _index_keys(config: RunConfig) -> list[tuple[str, str]]:
 
 def _load_index(path: str) -> TaskIndex | TaskError:
     try:
+        from runctl.tasks import load_index  # pydantic models for task.toml: only runs that read tasks pay
+
         return load_index(path)
     except TaskError as e:
         return e
@@ -92,7 +97,7 @@ def task_index(ctx: Context) -> Verdict:
     broken = [f"{key}: {result}" for key, result in loaded if isinstance(result, TaskError)]
     if broken:
         return fatal(_shown(broken), "fix the index; a folder of task folders or a parquet file with task_path works.")
-    sizes = ", ".join(f"{key} {len(r.entries)}" for key, r in loaded if isinstance(r, TaskIndex))
+    sizes = ", ".join(f"{key} {len(r.entries)}" for key, r in loaded if not isinstance(r, TaskError))
     return ok(f"task indexes parse ({sizes} tasks)")
 
 
@@ -111,7 +116,7 @@ def indexed_tasks(ctx: Context) -> list[Task]:
     """Every task that loads, across the run's readable indexes (shared by the layout and image checks)."""
     tasks: list[Task] = []
     for _, result in _indexes(ctx):
-        if isinstance(result, TaskIndex):
+        if not isinstance(result, TaskError):
             tasks += ctx.memo(("tasks", str(result.source)), result.load_tasks)[0]
     return tasks
 
@@ -120,7 +125,7 @@ def indexed_tasks(ctx: Context) -> list[Task]:
 def task_layout(ctx: Context) -> Verdict:
     if ctx.config.engine == "fake":
         return skip("ENGINE=fake reads no tasks")
-    indexes = [result for _, result in _indexes(ctx) if isinstance(result, TaskIndex)]
+    indexes = [result for _, result in _indexes(ctx) if not isinstance(result, TaskError)]
     if not indexes:
         return skip("no readable task index (paths.task_index says why)")
     tasks: list[Task] = []

@@ -3,11 +3,6 @@ needs are free. Each probe is skipped, with the reason, when what it asks cannot
 
 from __future__ import annotations
 
-import asyncio
-
-from runctl.bus.client import nats_url
-from runctl.errors import BusUnreachableError
-from runctl.stack import port_is_free
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
 
 SERVICES = 9
@@ -17,7 +12,12 @@ LIVE_STATES = ("submitted", "validated", "queued", "admitted", "starting", "runn
 
 @check("services.bus", SERVICES, "a submission that cannot be delivered", live=True)
 def bus_reachable(ctx: Context) -> Verdict:
+    # Imported here, as in every probe: `runctl validate --static` must not pay for clients it does not use.
+    import asyncio
+
     from runctl.bus import Bus
+    from runctl.bus.client import nats_url
+    from runctl.errors import BusUnreachableError
 
     url = nats_url()
 
@@ -60,6 +60,8 @@ def no_conflicting_run(ctx: Context) -> Verdict:
 
 @check("services.ray_ports", SERVICES, "a local Ray head that cannot start", live=True)
 def ray_ports(ctx: Context) -> Verdict:
+    from runctl.stack import port_is_free
+
     c = ctx.config
     if c.engine == "fake":
         return skip("ENGINE=fake starts no Ray")

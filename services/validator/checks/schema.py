@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from runctl.config.loader import validate_settings
 from runctl.config.models import RunConfig
 from runctl.errors import ConfigError
-from runctl.events import CheckResult, ConfigSubmitted
+from runctl.events.checks import CheckResult
+
+if TYPE_CHECKING:
+    from runctl.events.payloads import ConfigSubmitted
 
 SCHEMA_CLASS = 1
 
