@@ -81,7 +81,8 @@ class RuntimeSection(Section):
     venv_path: str | None = None
     """Python environment the run's processes use on every node; unset means the one runctl runs in."""
     logger: str = "console"
-    """Comma-separated metric loggers besides runctl's own events: console, wandb, mlflow, tensorboard, file."""
+    """Comma-separated metric loggers besides runctl's own events: console, wandb, mlflow, swanlab, tensorboard,
+    clearml, trackio, file. Those that log in need their credentials where the run starts (credentials.logger)."""
     wandb_api_key: str | None = Field(None, json_schema_extra={"secret": True})
     """Weights & Biases key, needed when LOGGER includes wandb and WANDB_MODE is online. Never echoed back."""
     wandb_mode: Literal["online", "offline", "disabled"] = "online"

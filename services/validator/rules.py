@@ -5,6 +5,7 @@ and what each training engine supports. A new model family or scaffold is a row 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 #: vLLM tool-call parsers that read the tool-call format each model family was trained on (``model_type``).
 PARSERS_BY_FAMILY: dict[str, frozenset[str]] = {
@@ -59,3 +60,42 @@ GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "opo", "gpg"})
 
 #: Learning-rate schedules that decay over a known number of steps.
 DECAYING_SCHEDULES = frozenset({"cosine", "linear"})
+
+
+@dataclass(frozen=True)
+class LoggerNeeds:
+    """What a metric logger needs from the run's environment before it can start."""
+
+    any_of: tuple[str, ...]
+    """Environment variables, any one of which holds the credentials or the server."""
+    free_modes: tuple[str, str] | None
+    """(variable, comma-separated modes) under which it needs none: a local or offline mode."""
+    severity: Literal["fatal", "warn"]
+    """fatal: the logger fails at start; warn: it falls back to something the user likely did not mean."""
+    consequence: str
+
+
+#: Metric loggers (verl's ``trainer.logger``) that need credentials or a server; the rest need nothing.
+LOGGER_NEEDS: dict[str, LoggerNeeds] = {
+    "wandb": LoggerNeeds(
+        ("WANDB_API_KEY",), ("WANDB_MODE", "offline,disabled"), "fatal", "wandb cannot log in: the run fails at start"
+    ),
+    "swanlab": LoggerNeeds(
+        ("SWANLAB_API_KEY",),
+        ("SWANLAB_MODE", "local,offline,disabled"),
+        "fatal",
+        "swanlab cannot log in: the run fails at start",
+    ),
+    "clearml": LoggerNeeds(
+        ("CLEARML_API_ACCESS_KEY", "CLEARML_CONFIG_FILE"),
+        None,
+        "fatal",
+        "clearml finds no credentials: the run fails at start",
+    ),
+    "mlflow": LoggerNeeds(
+        ("MLFLOW_TRACKING_URI",),
+        None,
+        "warn",
+        "mlflow writes to ./mlruns on the trainer's node, not to a tracking server",
+    ),
+}

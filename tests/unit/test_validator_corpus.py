@@ -43,8 +43,28 @@ def corpus_text(path: Path) -> tuple[str, str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _no_ambient_wandb_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+def _no_ambient_logger_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.validator.rules import LOGGER_NEEDS
+
+    for needs in LOGGER_NEEDS.values():
+        for name in (*needs.any_of, *(needs.free_modes or ())[:1]):
+            monkeypatch.delenv(name, raising=False)
+
+
+def test_logger_credentials_from_the_environment_or_a_free_mode_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = (DATA / "configs" / "good" / "train-dense.env").read_text()
+
+    def verdict(loggers: str) -> str:
+        results = results_for(base + f"LOGGER={loggers}\n", "run.env")
+        return next(r.severity for r in results if r.id == "credentials.logger")
+
+    assert verdict("console,swanlab,clearml") == "fatal"
+    monkeypatch.setenv("SWANLAB_MODE", "local")
+    monkeypatch.setenv("CLEARML_CONFIG_FILE", "/etc/clearml.conf")
+    assert verdict("console,swanlab,clearml") == "ok"
+    assert verdict("mlflow") == "warn"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert verdict("mlflow") == "ok"
 
 
 def test_the_corpus_is_large_and_covers_every_registered_check() -> None:

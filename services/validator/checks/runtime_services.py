@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
+from services.validator.rules import LOGGER_NEEDS, LoggerNeeds
 
 SANDBOX = 8
 SERVICES = 9
@@ -54,6 +55,19 @@ def egress(ctx: Context) -> Verdict:
     return ok(f"agent network {c.agent_network}, verifier network {c.verifier_network}")
 
 
+def _credentials_found(needs: LoggerNeeds, environ: dict[str, str]) -> bool:
+    if needs.free_modes and environ.get(needs.free_modes[0], "") in needs.free_modes[1].split(","):
+        return True
+    return any(environ.get(name) for name in needs.any_of)
+
+
+def _logger_fix(name: str, needs: LoggerNeeds) -> str:
+    fix = f"set {' or '.join(needs.any_of)} where the run starts"
+    if needs.free_modes:
+        fix += f", or {needs.free_modes[0]}={needs.free_modes[1].split(',')[0]}"
+    return fix
+
+
 @check("credentials.logger", SERVICES, "a run that dies at start on a logger or its missing credentials")
 def logger_credentials(ctx: Context) -> Verdict:
     c = ctx.config
@@ -63,9 +77,17 @@ def logger_credentials(ctx: Context) -> Verdict:
         return fatal(
             f"LOGGER has {', '.join(unknown)}, which verl does not support.", f"use: {', '.join(sorted(LOGGERS))}."
         )
-    if "wandb" in loggers and c.wandb_mode == "online" and not (c.wandb_api_key or os.environ.get("WANDB_API_KEY")):
-        return fatal(
-            "LOGGER includes wandb (online) but no WANDB_API_KEY is set: the run fails at start.",
-            "set WANDB_API_KEY, or WANDB_MODE=offline.",
-        )
+    environ = {**os.environ, "WANDB_MODE": c.wandb_mode}
+    if c.wandb_api_key:
+        environ["WANDB_API_KEY"] = c.wandb_api_key
+    missing = [(name, LOGGER_NEEDS[name]) for name in loggers if name in LOGGER_NEEDS]
+    missing = [(name, needs) for name, needs in missing if not _credentials_found(needs, environ)]
+    for severity in ("fatal", "warn"):
+        found = [(name, needs) for name, needs in missing if needs.severity == severity]
+        if found:
+            message = "; ".join(
+                f"LOGGER includes {name} but none of {', '.join(n.any_of)} is set: {n.consequence}" for name, n in found
+            )
+            fix = "; ".join(_logger_fix(name, n) for name, n in found)
+            return (fatal if severity == "fatal" else warn)(message + ".", fix + ".")
     return ok(f"loggers: {', '.join(loggers) or 'none'}")
