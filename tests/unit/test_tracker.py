@@ -26,7 +26,8 @@ from services.tracker.api import make_app
 from services.tracker.db import make_engine
 from services.tracker.projection import project
 
-T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+# Later than any config.submitted a test makes now (those carry the current time), so event order is fixed.
+T0 = datetime.now(UTC) + timedelta(hours=1)
 TRAIN = "RUN_TYPE=train\nTEAM=nlp\nPROJECT_NAME=p\nEXP_NAME=e\nMODEL_PATH=/m\nTRAIN_FILES=/t\n"
 
 
