@@ -98,6 +98,16 @@ def test_the_tour_runs_line_by_line_as_written(tmp_path: Path) -> None:
         run("runctl down", work, env)
 
 
+def test_the_task_commands_run_as_written(tmp_path: Path, docker_host: str) -> None:
+    env = env_for(tmp_path / "home") | {"DOCKER_HOST": docker_host}
+    lines = commands(blocks("bash")[2])
+    assert lines and all(line.startswith("runctl task ") for line in lines)
+    for line in lines:
+        result = run(line, ROOT, env)
+        assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+    assert '"reward": 0.0' in result.stdout  # the last one: nop on Docker, as JSON
+
+
 def test_the_sdk_example_runs(tmp_path: Path) -> None:
     env = env_for(tmp_path / "home")
     try:

@@ -23,7 +23,7 @@ import docker
 import docker.errors
 import requests
 
-from services.validator.checks.live_probes import socket_unreachable
+from runctl.probe import socket_unreachable
 from tests.conftest import wait_until
 
 BASE_IMAGE = "runctl-base:latest"

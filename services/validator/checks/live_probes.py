@@ -131,28 +131,6 @@ def docker_host(ctx: Context) -> str:
     return ctx.config.docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
-def socket_unreachable(address: str) -> str | None:
-    """Why a ``unix://`` or ``tcp://`` address cannot be connected to, or None when it can.
-
-    Checked with a plain socket before a client library connects (Docker's leaves failed sockets open).
-    """
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    try:
-        if parts.scheme in ("unix", "http+unix"):
-            with socket.socket(socket.AF_UNIX) as sock:
-                sock.settimeout(PROBE_TIMEOUT_S)
-                sock.connect(parts.path)
-        else:
-            with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 2375), PROBE_TIMEOUT_S):
-                pass
-    except OSError as e:
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
 def dockerfile_bases(dockerfile: str) -> list[str]:
     """The images a Dockerfile builds FROM, less earlier stages, ``scratch`` and names built from ARGs."""
     bases: list[str] = []
@@ -214,6 +192,8 @@ def docker_daemon(ctx: Context) -> Verdict:
     import docker
     import docker.errors
     import requests
+
+    from runctl.probe import socket_unreachable
 
     host = docker_host(ctx)
     unreachable = socket_unreachable(host)

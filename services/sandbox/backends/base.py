@@ -1,0 +1,118 @@
+"""The one interface every sandbox backend implements: create, exec with a hard timeout, upload, download,
+destroy, and list what it owns.
+
+A backend is synchronous; the service calls it from worker threads. Every sandbox carries labels (team, run,
+trial, and the instance of the service that made it) so that a reaper can find what nobody owns any more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+NetworkMode = Literal["no-network", "public", "allowlist"]
+#: Label keys every sandbox carries (Docker labels, Kubernetes labels, the local backend's metadata).
+LABEL_PREFIX = "runctl."
+OWNER_LABEL = "runctl.owner"
+SANDBOX_LABEL = "runctl.sandbox"
+#: Bytes of stdout and stderr an exec keeps (each); the rest is cut and the result says so.
+OUTPUT_LIMIT = 1 << 20
+
+
+class SandboxError(Exception):
+    """A backend could not do what was asked; ``cause`` classifies it for the trial result."""
+
+    def __init__(self, message: str, cause: Literal["sandbox", "image", "timeout"] = "sandbox") -> None:
+        super().__init__(message)
+        self.message = message
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox is made of: an image (or, for the local backend, a root folder), limits and labels."""
+
+    sandbox_id: str
+    image: str | None
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    pids: int = 512
+    storage_mb: int | None = None
+    network: NetworkMode = "no-network"
+    allowed_hosts: tuple[str, ...] = ()
+    workdir: str = "/app"
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    read_only_root: bool = False
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A live sandbox: its id, the backend's own handle for it, and its labels."""
+
+    sandbox_id: str
+    backend: str
+    handle: str
+    spec: SandboxSpec
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class OwnedSandbox:
+    """One sandbox a backend holds, as ``list_owned`` reports it."""
+
+    sandbox_id: str
+    handle: str
+    labels: dict[str, str]
+
+
+class Backend(Protocol):
+    name: str
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        """Start the sandbox; it idles until commands are run in it."""
+        ...
+
+    def exec(
+        self,
+        sandbox: Sandbox,
+        command: str,
+        timeout_s: float,
+        *,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult:
+        """Run ``command`` with ``sh -c``. On timeout, every process it started is killed inside the sandbox."""
+        ...
+
+    def upload(self, sandbox: Sandbox, source: Path, target: str) -> None:
+        """Copy a local file or folder to ``target`` (a path inside the sandbox), creating parent folders."""
+        ...
+
+    def download(self, sandbox: Sandbox, source: str, target: Path) -> bool:
+        """Copy a file or folder out of the sandbox into ``target``; False when ``source`` does not exist."""
+        ...
+
+    def destroy(self, sandbox: Sandbox) -> None:
+        """Remove the sandbox and everything running in it; a sandbox already gone is not an error."""
+        ...
+
+    def list_owned(self, labels: dict[str, str] | None = None) -> list[OwnedSandbox]:
+        """Every runctl sandbox this backend holds whose labels include ``labels``."""
+        ...
+
+    def destroy_owned(self, owned: OwnedSandbox) -> None:
+        """Remove a sandbox found by ``list_owned`` (the reaper's path: no live handle needed)."""
+        ...

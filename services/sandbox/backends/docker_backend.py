@@ -1,0 +1,302 @@
+"""The docker backend: one container per sandbox, through the Docker Engine API (the ``docker`` SDK).
+
+- Images: a task's ``docker_image`` as given, or its ``environment/`` folder built once into
+  ``runctl-task:<content hash>`` (the same folder never builds twice, concurrent trials wait for one build).
+- Limits: CPU, memory (no swap), pids; every capability dropped; no-new-privileges; network off unless the
+  task allows it; an init process reaps zombies.
+- Exec: every command runs under a wrapper that reports its PID; on timeout the whole process tree is killed
+  inside the container, not only the client's connection. Output is capped per stream.
+- Files move as tar streams through exec (``tar`` in the image), which works on read-only roots and tmpfs
+  mounts, where the archive API does not.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import socket
+import struct
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from runctl.tasks import Task
+from services.sandbox.backends.base import (
+    OUTPUT_LIMIT,
+    OWNER_LABEL,
+    SANDBOX_LABEL,
+    ExecResult,
+    OwnedSandbox,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+)
+from services.sandbox.backends.execio import Capture, exec_result, kill_tree_argv, quoted, split_pid, wrapped
+from services.sandbox.backends.files import extract_tar, folder_digest, tar_of
+
+IDLE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
+KILL_GRACE_S = 10.0
+_HEADER = struct.Struct(">BxxxL")
+
+
+def default_host() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(self, host: str | None = None, api_timeout_s: int = 120) -> None:
+        import docker
+
+        from runctl.probe import socket_unreachable
+
+        self.host = host or default_host()
+        unreachable = socket_unreachable(self.host)
+        if unreachable:
+            raise SandboxError(
+                f"the Docker daemon at {self.host} does not answer ({unreachable}). Start dockerd, or set DOCKER_HOST "
+                "to a daemon, or use the local backend."
+            )
+        self.client = docker.DockerClient(base_url=self.host, timeout=api_timeout_s)
+        self._build_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- images -----------------------------------------------------------------------------------------------
+
+    def has_image(self, name: str) -> bool:
+        import docker.errors
+
+        try:
+            self.client.images.get(name)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    def _pull(self, name: str) -> None:
+        import docker.errors
+
+        try:
+            self.client.images.pull(name)
+        except docker.errors.APIError as e:
+            raise SandboxError(
+                f"image {name} is not on the Docker daemon at {self.host} and pulling it failed: {e.explanation}",
+                "image",
+            ) from None
+
+    def build_image(self, context: Path, tag: str, timeout_s: float) -> str:
+        """Build ``context`` (a folder with a Dockerfile) as ``tag`` unless it exists; one build per tag at once."""
+        import docker.errors
+
+        with self._locks_guard:
+            lock = self._build_locks.setdefault(tag, threading.Lock())
+        with lock:
+            if self.has_image(tag):
+                return tag
+            started = time.monotonic()
+            try:
+                self.client.images.build(path=str(context), tag=tag, rm=True, forcerm=True, network_mode="none")
+            except docker.errors.BuildError as e:
+                tail = "".join(str(step.get("stream") or step.get("error") or "") for step in e.build_log)[-2000:]
+                raise SandboxError(f"building {context} failed: {e.msg}\n{tail}", "image") from None
+            except docker.errors.APIError as e:
+                raise SandboxError(f"building {context} failed: {e.explanation}", "image") from None
+            if time.monotonic() - started > timeout_s:
+                raise SandboxError(f"building {context} took longer than {timeout_s:.0f} s", "image")
+            return tag
+
+    def task_image(self, task: Task, registry: str | None = None) -> str:
+        """The image a trial of ``task`` runs in: its prebuilt image, else its environment built (once)."""
+        name = task.image_name(registry)
+        if name:
+            if not self.has_image(name):
+                self._pull(name)
+            return name
+        dockerfile = task.environment_file
+        if dockerfile is None or dockerfile.name != "Dockerfile":
+            raise SandboxError(f"{task.path} has no environment/Dockerfile and no docker_image", "image")
+        tag = f"runctl-task:{folder_digest(dockerfile.parent)[:16]}"
+        return self.build_image(dockerfile.parent, tag, task.config.environment.build_timeout_sec)
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        import docker.errors
+
+        if spec.image is None:
+            raise SandboxError("the docker backend needs an image for every sandbox", "image")
+        if not self.has_image(spec.image):  # never an implicit pull: task_image pulls, on purpose
+            raise SandboxError(f"image {spec.image} is not on the Docker daemon at {self.host}", "image")
+        if spec.network == "allowlist":
+            raise SandboxError(
+                "the docker backend cannot enforce an egress allowlist; use no-network, or public for this task",
+            )
+        options: dict[str, Any] = {
+            "name": f"runctl-{spec.sandbox_id}",
+            "labels": {SANDBOX_LABEL: spec.sandbox_id, **spec.labels},
+            "detach": True,
+            "init": True,
+            "network_mode": "none" if spec.network == "no-network" else None,
+            "mem_limit": f"{spec.memory_mb}m",
+            "memswap_limit": f"{spec.memory_mb}m",
+            "nano_cpus": int(spec.cpus * 1e9),
+            "pids_limit": spec.pids,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "read_only": spec.read_only_root,
+            "working_dir": spec.workdir,
+            "environment": spec.env,
+        }
+        if spec.read_only_root:
+            options["tmpfs"] = {"/tmp": "mode=1777,size=256m", "/logs": "mode=0777,size=256m"}
+        if spec.user:
+            options["user"] = spec.user
+        try:
+            container = self.client.containers.run(spec.image, IDLE_COMMAND, **options)
+        except docker.errors.APIError as e:
+            raise SandboxError(f"cannot start a container from {spec.image}: {e.explanation}") from None
+        sandbox = Sandbox(spec.sandbox_id, self.name, container.id, spec)
+        prepare = f"mkdir -p {quoted(spec.workdir)} /logs/agent /logs/verifier /logs/artifacts"
+        result = self.exec(sandbox, prepare, 30, user="0")
+        if result.exit_code != 0:
+            self.destroy(sandbox)
+            raise SandboxError(f"the sandbox could not make its folders: {result.stderr.strip()}")
+        return sandbox
+
+    def destroy(self, sandbox: Sandbox) -> None:
+        self._remove(sandbox.handle)
+
+    def _remove(self, handle: str) -> None:
+        import docker.errors
+
+        try:
+            self.client.api.remove_container(handle, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: removal already in progress
+                raise SandboxError(f"cannot remove container {handle[:12]}: {e.explanation}") from None
+
+    def list_owned(self, labels: dict[str, str] | None = None) -> list[OwnedSandbox]:
+        wanted = [SANDBOX_LABEL] + [f"{key}={value}" for key, value in (labels or {}).items()]
+        containers = self.client.api.containers(all=True, filters={"label": wanted})
+        return [OwnedSandbox(c["Labels"][SANDBOX_LABEL], c["Id"], dict(c["Labels"])) for c in containers]
+
+    def destroy_owned(self, owned: OwnedSandbox) -> None:
+        self._remove(owned.handle)
+
+    def owners(self) -> set[str]:
+        """The service instances that own at least one container (the reaper asks which of them are alive)."""
+        return {o.labels.get(OWNER_LABEL, "") for o in self.list_owned()}
+
+    # --- exec -------------------------------------------------------------------------------------------------
+
+    def exec(
+        self,
+        sandbox: Sandbox,
+        command: str,
+        timeout_s: float,
+        *,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult:
+        started = time.monotonic()
+        code, out, err, timed_out = self._run(
+            sandbox.handle, wrapped(command), timeout_s, user=user, env=env, workdir=workdir
+        )
+        pid, stderr = split_pid(bytes(err.data))
+        if timed_out and pid is not None:
+            self._run(sandbox.handle, kill_tree_argv(pid), KILL_GRACE_S, user="0")
+        return exec_result(code, out, err, stderr, timed_out, started)
+
+    def _run(
+        self,
+        handle: str,
+        argv: list[str],
+        timeout_s: float,
+        *,
+        stdin: bytes | None = None,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        limit: int = OUTPUT_LIMIT,
+    ) -> tuple[int, Capture, Capture, bool]:
+        """Run argv in the container; (exit code, stdout, stderr, timed out). Reads until EOF or the deadline."""
+        import docker.errors
+
+        api = self.client.api
+        try:
+            exec_id = api.exec_create(
+                handle, argv, stdin=stdin is not None, user=user or "", environment=env, workdir=workdir
+            )["Id"]
+            raw = api.exec_start(exec_id, socket=True)
+        except docker.errors.NotFound:
+            raise SandboxError(f"container {handle[:12]} is gone") from None
+        except docker.errors.APIError as e:
+            raise SandboxError(f"exec in {handle[:12]} failed: {e.explanation}") from None
+        sock: socket.socket = getattr(raw, "_sock", raw)
+        out, err = Capture(limit), Capture(limit)
+        try:
+            if stdin is not None:
+                sock.sendall(stdin)
+                sock.shutdown(socket.SHUT_WR)
+            finished = _demux_until(sock, time.monotonic() + timeout_s, out, err)
+        finally:
+            sock.close()
+            raw.close()
+        if not finished:
+            return 124, out, err, True
+        code = api.exec_inspect(exec_id).get("ExitCode")
+        return (code if isinstance(code, int) else -1), out, err, False
+
+    # --- files ------------------------------------------------------------------------------------------------
+
+    def upload(self, sandbox: Sandbox, source: Path, target: str) -> None:
+        parent, name = os.path.split(target.rstrip("/"))
+        data = tar_of(source, name)
+        command = f"mkdir -p {quoted(parent or '/')} && tar -xf - -C {quoted(parent or '/')}"
+        code, _, err, timed_out = self._run(sandbox.handle, ["sh", "-c", command], 300, stdin=data, user="0")
+        if code != 0 or timed_out:
+            raise SandboxError(f"upload of {source} to {target} failed: {bytes(err.data).decode(errors='replace')}")
+
+    def download(self, sandbox: Sandbox, source: str, target: Path) -> bool:
+        parent, name = os.path.split(source.rstrip("/"))
+        command = f"[ -e {quoted(source)} ] || exit 3; tar -cf - -C {quoted(parent or '/')} {quoted(name)}"
+        code, out, err, timed_out = self._run(sandbox.handle, ["sh", "-c", command], 300, user="0", limit=1 << 30)
+        if code == 3:
+            return False
+        if code != 0 or timed_out:
+            raise SandboxError(f"download of {source} failed: {bytes(err.data).decode(errors='replace')}")
+        with tempfile.TemporaryDirectory() as scratch:
+            extract_tar(io.BytesIO(bytes(out.data)), Path(scratch), name, target)
+        return True
+
+
+def _demux_until(sock: socket.socket, deadline: float, out: Capture, err: Capture) -> bool:
+    """Read Docker's multiplexed exec stream (8-byte frame headers) until EOF (True) or the deadline (False)."""
+    buffer = b""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        ready, _, _ = select.select([sock], [], [], min(remaining, 1.0))
+        if not ready:
+            continue
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return True
+        buffer += chunk
+        while len(buffer) >= _HEADER.size:
+            stream, size = _HEADER.unpack_from(buffer)
+            if len(buffer) < _HEADER.size + size:
+                break
+            payload = buffer[_HEADER.size : _HEADER.size + size]
+            buffer = buffer[_HEADER.size + size :]
+            (err if stream == 2 else out).add(payload)

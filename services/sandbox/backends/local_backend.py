@@ -1,0 +1,450 @@
+"""The local backend: sandboxes made with bubblewrap, for machines without Docker (the embedded default).
+
+A sandbox is a folder under ``$RUNCTL_HOME/sandboxes/<id>/`` holding its private writable folders (the work
+folder, ``/logs``, ``/tmp``, and one per uploaded top-level path such as ``/tests``) and ``meta.json`` (labels,
+limits, mounts). Each command is one ``bwrap`` process:
+
+- the root is bubblewrap's own tmpfs, remounted read-only, on which the system folders of the host (``/usr``,
+  ``/bin``, ``/lib*``, ``/sbin`` and a few files of ``/etc``; never ``/root``, ``/home`` or ``/etc/shadow``) or of
+  an unpacked root folder are bound read-only, and the sandbox's own folders read-write;
+- every namespace is new (no network but loopback unless the task allows it), the user is mapped to an
+  unprivileged view with every capability dropped, and the process dies with its parent;
+- limits: a cgroup v1 folder per sandbox for memory, pids and CPU when this process may write them (root),
+  else resource limits (address space, processes) on the bwrap process;
+- a timeout kills the command's whole PID namespace (and the cgroup's processes): nothing it started lives on.
+
+With no image builder, a task's Dockerfile is read, not built: ``FROM`` picks the root (an unpacked folder under
+``$RUNCTL_HOME/rootfs/<image>`` if there is one, else the host's), ``WORKDIR`` and ``ENV`` apply, ``COPY`` into the
+work folder is done at create; any other build step (``RUN`` …) is refused with a message that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from runctl.home import home
+from runctl.tasks import Task
+from services.sandbox.backends.base import (
+    OUTPUT_LIMIT,
+    SANDBOX_LABEL,
+    ExecResult,
+    OwnedSandbox,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+)
+from services.sandbox.backends.execio import Capture, exec_result
+
+HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+HOST_ETC_FILES = (
+    "passwd",
+    "group",
+    "hosts",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "ssl",
+    "ca-certificates",
+    "bash.bashrc",
+    "profile",
+)
+ROOTFS_SKIP = {"proc", "dev", "sys", "tmp", "run", "logs"}
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("memory", "pids", "cpu")
+ALLOWED_BUILD_STEPS = {"FROM", "WORKDIR", "ENV", "COPY", "LABEL", "CMD", "ENTRYPOINT", "EXPOSE", "ARG", "USER"}
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def bwrap_binary() -> str:
+    found = shutil.which("bwrap")
+    if found is None:
+        raise SandboxError("bubblewrap is not installed: apt-get install bubblewrap (or use the docker backend)")
+    return found
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, root: Path | None = None, rootfs_dir: Path | None = None, cgroup_parent: str = "runctl") -> None:
+        self.root = root or home() / "sandboxes"
+        self.rootfs_dir = rootfs_dir or home() / "rootfs"
+        self.cgroup_parent = cgroup_parent
+        self.bwrap = bwrap_binary()
+
+    def remove_cgroup_parents(self) -> None:
+        """Remove this backend's (empty) parent cgroup folders; one still in use stays."""
+        for controller in CONTROLLERS:
+            try:
+                (CGROUP_ROOT / controller / self.cgroup_parent).rmdir()
+            except OSError:
+                pass
+
+    # --- tasks ------------------------------------------------------------------------------------------------
+
+    def task_root(self, task: Task) -> str:
+        """What ``create`` needs for this task, as JSON: the root folder, work folder, environment and copies."""
+        env = task.config.environment
+        plan: dict[str, Any] = {"root": "/", "workdir": env.workdir, "env": {}, "copies": []}
+        if env.docker_image:
+            plan["root"] = self._rootfs_for(env.docker_image)
+        dockerfile = task.environment_file
+        if dockerfile is not None and dockerfile.name == "Dockerfile":
+            self._read_dockerfile(dockerfile, plan)
+        return json.dumps(plan)
+
+    def _rootfs_for(self, image: str) -> str:
+        folder = self.rootfs_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", image)
+        return str(folder) if folder.is_dir() else "/"
+
+    def _read_dockerfile(self, dockerfile: Path, plan: dict[str, Any]) -> None:
+        text = re.sub(r"\\\n", " ", dockerfile.read_text())
+        for number, line in enumerate(text.splitlines(), 1):
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            step, args = words[0].upper(), words[1:]
+            if step not in ALLOWED_BUILD_STEPS:
+                raise SandboxError(
+                    f"{dockerfile}:{number}: {step} is a build step the local backend cannot honour (it builds no "
+                    "images). Use BACKEND=docker for this task, or drop the step.",
+                    "image",
+                )
+            if step == "FROM" and args:
+                plan["root"] = self._rootfs_for(args[0])
+            elif step == "WORKDIR" and args:
+                plan["workdir"] = plan["workdir"] or args[0]
+            elif step == "ENV" and args:
+                pairs = [a.split("=", 1) for a in args] if "=" in args[0] else [[args[0], " ".join(args[1:])]]
+                plan["env"].update({k: v.strip("\"'") for k, v in (p for p in pairs if len(p) == 2)})
+            elif step == "COPY" and len(args) >= 2:
+                sources = [str(dockerfile.parent / a) for a in args[:-1] if not a.startswith("--")]
+                plan["copies"].append({"sources": sources, "target": args[-1]})
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        plan: dict[str, Any] = (
+            json.loads(spec.image) if spec.image and spec.image.startswith("{") else {"root": spec.image or "/"}
+        )
+        if spec.network == "allowlist":
+            raise SandboxError("the local backend cannot enforce an egress allowlist; use no-network or public")
+        folder = self.root / spec.sandbox_id
+        workdir = spec.workdir or plan.get("workdir") or "/app"
+        mounts = {workdir: "work", "/logs": "logs", "/tmp": "tmp"}
+        for name in ("work", "logs/agent", "logs/verifier", "logs/artifacts", "tmp"):
+            (folder / name).mkdir(parents=True, exist_ok=True)
+        os.chmod(folder / "tmp", 0o1777)
+        meta: dict[str, Any] = {
+            "sandbox_id": spec.sandbox_id,
+            "labels": {SANDBOX_LABEL: spec.sandbox_id, **spec.labels},
+            "root": plan.get("root", "/"),
+            "workdir": workdir,
+            "env": {**plan.get("env", {}), **spec.env},
+            "mounts": mounts,
+            "network": spec.network,
+            "limits": {"memory_mb": spec.memory_mb, "pids": spec.pids, "cpus": spec.cpus},
+            "cgroups": self._make_cgroups(spec),
+            "user": spec.user,
+            "created": time.time(),
+        }
+        (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+        for copy in plan.get("copies", []):
+            for source in copy["sources"]:
+                self._place(folder, meta, Path(source), str(PurePosixPath(workdir) / copy["target"]))
+        return Sandbox(spec.sandbox_id, self.name, str(folder), spec)
+
+    def _make_cgroups(self, spec: SandboxSpec) -> list[str]:
+        made: list[str] = []
+        values = {
+            "memory": {"memory.limit_in_bytes": str(spec.memory_mb * 1024 * 1024)},
+            "pids": {"pids.max": str(spec.pids)},
+            "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(int(spec.cpus * 100000))},
+        }
+        for controller in CONTROLLERS:
+            base = CGROUP_ROOT / controller
+            if not os.access(base, os.W_OK):
+                continue
+            group = base / self.cgroup_parent / spec.sandbox_id
+            try:
+                group.mkdir(parents=True, exist_ok=True)
+                for name, value in values[controller].items():
+                    (group / name).write_text(value)
+                swap = group / "memory.memsw.limit_in_bytes"
+                if controller == "memory" and swap.exists():
+                    swap.write_text(values["memory"]["memory.limit_in_bytes"])
+            except OSError as e:
+                for done in made:
+                    Path(done).rmdir()
+                raise SandboxError(f"cannot set the sandbox's {controller} limit in {group}: {e}") from None
+            made.append(str(group))
+        return made
+
+    def destroy(self, sandbox: Sandbox) -> None:
+        self._remove(Path(sandbox.handle))
+
+    def _remove(self, folder: Path) -> None:
+        meta = _read_meta(folder)
+        for group in meta.get("cgroups", []) if meta else []:
+            _kill_cgroup(Path(group))
+            try:
+                Path(group).rmdir()
+            except OSError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def list_owned(self, labels: dict[str, str] | None = None) -> list[OwnedSandbox]:
+        found = []
+        for meta_file in sorted(self.root.glob("*/meta.json")) if self.root.is_dir() else []:
+            meta = _read_meta(meta_file.parent)
+            if meta is None:
+                continue
+            if all(meta["labels"].get(k) == v for k, v in (labels or {}).items()):
+                found.append(OwnedSandbox(meta["sandbox_id"], str(meta_file.parent), meta["labels"]))
+        return found
+
+    def destroy_owned(self, owned: OwnedSandbox) -> None:
+        self._remove(Path(owned.handle))
+
+    # --- exec -------------------------------------------------------------------------------------------------
+
+    def exec(
+        self,
+        sandbox: Sandbox,
+        command: str,
+        timeout_s: float,
+        *,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult:
+        folder = Path(sandbox.handle)
+        meta = _read_meta(folder)
+        if meta is None:
+            raise SandboxError(f"sandbox {sandbox.sandbox_id} is gone")
+        argv = self._bwrap_argv(folder, meta, command, user or meta.get("user"), env or {}, workdir)
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            _in_cgroups(meta["cgroups"], argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=None if meta["cgroups"] else _rlimits(meta["limits"]),
+        )
+        out, err = Capture(OUTPUT_LIMIT), Capture(OUTPUT_LIMIT)
+        finished = _read_until(proc, started + timeout_s, out, err)
+        if not finished:
+            _kill_group(proc)
+            for group in meta["cgroups"]:
+                _kill_cgroup(Path(group))
+        code = proc.wait()
+        return exec_result(code, out, err, bytes(err.data), not finished, started)
+
+    def _bwrap_argv(
+        self,
+        folder: Path,
+        meta: dict[str, Any],
+        command: str,
+        user: str | None,
+        env: dict[str, str],
+        workdir: str | None,
+    ) -> list[str]:
+        root = Path(meta["root"])
+        argv = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
+        if meta["network"] == "public":
+            argv.append("--share-net")
+        uid = _uid(root, user)
+        argv += ["--uid", str(uid), "--gid", str(uid), "--cap-drop", "ALL", "--clearenv"]
+        argv += _root_binds(root)
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        for target, name in sorted(meta["mounts"].items(), key=lambda item: len(item[0])):
+            argv += ["--bind", str(folder / name), target]
+        argv += ["--remount-ro", "/", "--chdir", workdir or meta["workdir"]]
+        variables = {"PATH": PATH, "HOME": "/root" if uid == 0 else "/tmp", **meta["env"], **env}
+        for key, value in variables.items():
+            argv += ["--setenv", key, value]
+        return [*argv, "--", "sh", "-c", command]
+
+    # --- files ------------------------------------------------------------------------------------------------
+
+    def upload(self, sandbox: Sandbox, source: Path, target: str) -> None:
+        folder = Path(sandbox.handle)
+        meta = _read_meta(folder)
+        if meta is None:
+            raise SandboxError(f"sandbox {sandbox.sandbox_id} is gone")
+        self._place(folder, meta, source, target)
+
+    def _place(self, folder: Path, meta: dict[str, Any], source: Path, target: str) -> None:
+        host = self._host_path(folder, meta, target, create=True)
+        if source.is_dir():
+            shutil.copytree(source, host, symlinks=True, dirs_exist_ok=True)
+        else:
+            host.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, host)
+
+    def download(self, sandbox: Sandbox, source: str, target: Path) -> bool:
+        folder = Path(sandbox.handle)
+        meta = _read_meta(folder)
+        if meta is None:
+            raise SandboxError(f"sandbox {sandbox.sandbox_id} is gone")
+        host = self._host_path(folder, meta, source, create=False)
+        if not (host.exists() or host.is_symlink()):
+            return False
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Never follow a link the sandbox made: it could point anywhere on this machine.
+        if host.is_dir() and not host.is_symlink():
+            shutil.copytree(host, target, symlinks=True)
+        else:
+            shutil.copy2(host, target, follow_symlinks=False)
+        return True
+
+    def _host_path(self, folder: Path, meta: dict[str, Any], path: str, create: bool) -> Path:
+        """Where a sandbox path lives on this machine; a new top-level path becomes a mount of its own."""
+        inside = PurePosixPath(os.path.normpath(path))
+        if not inside.is_absolute() or inside == PurePosixPath("/"):
+            raise SandboxError(f"{path} is not a path inside the sandbox")
+        mounts: dict[str, str] = meta["mounts"]
+        for mount in sorted(mounts, key=len, reverse=True):
+            if inside == PurePosixPath(mount) or PurePosixPath(mount) in inside.parents:
+                host = folder / mounts[mount] / inside.relative_to(mount)
+                _inside_of(host, folder / mounts[mount])
+                return host
+        if not create:
+            return folder / "absent" / inside.name
+        top = "/" + inside.parts[1]
+        name = "mount-" + re.sub(r"[^A-Za-z0-9_.-]", "_", inside.parts[1])
+        mounts[top] = name
+        (folder / name).mkdir(exist_ok=True)
+        (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+        return folder / name / inside.relative_to(top)
+
+
+def _inside_of(path: Path, base: Path) -> None:
+    """Refuse a path that symlinks (made inside the sandbox) lead out of its folder."""
+    resolved = path.resolve()
+    if resolved != base.resolve() and base.resolve() not in resolved.parents:
+        raise SandboxError(f"{path} leads outside the sandbox")
+
+
+def _read_meta(folder: Path) -> dict[str, Any] | None:
+    try:
+        meta: dict[str, Any] = json.loads((folder / "meta.json").read_text())
+        return meta
+    except (OSError, ValueError):
+        return None
+
+
+def _root_binds(root: Path) -> list[str]:
+    """Read-only binds that make the sandbox's root: the host's system folders, or a root folder's entries."""
+    argv: list[str] = []
+    if root == Path("/"):
+        entries = [Path("/") / name for name in HOST_SYSTEM_DIRS]
+        etc = [Path("/etc") / name for name in HOST_ETC_FILES]
+    else:
+        entries = [p for p in sorted(root.iterdir()) if p.name not in ROOTFS_SKIP]
+        etc = []
+    for entry in entries:
+        inside = "/" + entry.name
+        if entry.is_symlink():
+            argv += ["--symlink", os.readlink(entry), inside]
+        elif entry.exists():
+            argv += ["--ro-bind", str(entry), inside]
+    for entry in etc:
+        if entry.exists() or entry.is_symlink():
+            argv += ["--ro-bind", str(entry), str(entry)]
+    return argv
+
+
+def _uid(root: Path, user: str | None) -> int:
+    if user is None or user in ("root", "0"):
+        return 0
+    if user.isdigit():
+        return int(user)
+    try:
+        for line in (root / "etc" / "passwd").read_text().splitlines():
+            fields = line.split(":")
+            if fields[0] == user and len(fields) > 2:
+                return int(fields[2])
+    except OSError:
+        pass
+    raise SandboxError(f"user {user} does not exist in the sandbox's root")
+
+
+def _in_cgroups(groups: list[str], argv: list[str]) -> list[str]:
+    """argv that first moves itself into each cgroup, then becomes bwrap (children inherit the cgroups)."""
+    if not groups:
+        return argv
+    script = 'for g in $RUNCTL_CGROUPS; do echo $$ > "$g/cgroup.procs"; done; exec "$@"'
+    return ["env", f"RUNCTL_CGROUPS={' '.join(groups)}", "sh", "-c", script, "runctl-cgroup", *argv]
+
+
+def _rlimits(limits: dict[str, Any]) -> Any:
+    def apply() -> None:
+        memory = int(limits["memory_mb"]) * 1024 * 1024 * 4  # address space: generous over resident memory
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_NPROC, (int(limits["pids"]), int(limits["pids"])))
+
+    return apply
+
+
+def _read_until(proc: subprocess.Popen[bytes], deadline: float, out: Capture, err: Capture) -> bool:
+    """Read stdout and stderr until both close (True) or the deadline passes (False)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ, out)
+    selector.register(proc.stderr, selectors.EVENT_READ, err)
+    try:
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            for key, _ in selector.select(min(remaining, 1.0)):
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    key.data.add(chunk)
+                else:
+                    selector.unregister(key.fileobj)
+        return True
+    finally:
+        selector.close()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_cgroup(group: Path) -> None:
+    """SIGKILL every process in a cgroup until it is empty (bounded)."""
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)

@@ -1,0 +1,2 @@
+#!/bin/sh
+if grep -qx done /app/answer.txt 2>/dev/null; then echo 1; else echo 0; fi > /logs/verifier/reward.txt

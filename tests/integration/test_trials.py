@@ -1,0 +1,151 @@
+"""The trial protocol on real sandboxes (dockerd and bubblewrap) over the test task set in tests/data/tasks.
+
+Each task's expected oracle and nop outcomes are in its README; together they cover a sound task, a wrong
+solution, an agent timeout, a planted reward, a memory hog, a fork bomb, a network probe and a malformed reward.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runctl.tasks import load_task
+from services.sandbox.agents import make_agent
+from services.sandbox.backends.docker_backend import DockerBackend
+from services.sandbox.backends.local_backend import LocalBackend
+from services.sandbox.trial import RewardError, TrialRunner, parse_reward
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+TASKS = ROOT / "tests" / "data" / "tasks"
+
+#: task → (oracle reward, oracle termination, nop reward); None: a verifier error.
+EXPECTED: dict[str, tuple[float | None, str, float | None]] = {
+    "hello": (1.0, "agent_completed", 0.0),
+    "failing": (0.0, "agent_completed", 0.0),
+    "timing-out": (1.0, "timeout", 0.0),
+    "reward-planting": (0.0, "agent_completed", 0.0),
+    "memory-hogging": (1.0, "agent_completed", 0.0),
+    "fork-bombing": (1.0, "agent_completed", 0.0),
+    "network-probing": (1.0, "agent_completed", 0.0),
+    "malformed-reward": (None, "agent_completed", None),
+}
+
+
+def test_the_task_set_is_what_the_expectations_name() -> None:
+    assert sorted(p.name for p in TASKS.iterdir() if p.is_dir()) == sorted(EXPECTED)
+
+
+@pytest.fixture(scope="module")
+def docker_runner(docker_host: str) -> Iterator[TrialRunner]:
+    backend = DockerBackend(docker_host)
+    yield TrialRunner(backend, backend.task_image)
+    assert backend.list_owned({"runctl.owner": "test-trials"}) == []
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def local_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrialRunner]:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
+    backend = LocalBackend(root=tmp_path_factory.mktemp("sandboxes"), cgroup_parent=f"runctl-test-{os.getpid()}")
+    yield TrialRunner(backend, backend.task_root)
+    assert backend.list_owned() == []
+    backend.remove_cgroup_parents()
+
+
+def runner_for(request: pytest.FixtureRequest, name: str) -> TrialRunner:
+    runner: TrialRunner = request.getfixturevalue(f"{name}_runner")
+    return runner
+
+
+@pytest.mark.parametrize("backend", ["docker", "local"])
+@pytest.mark.parametrize("task_name", sorted(EXPECTED))
+def test_oracle_and_nop_score_as_expected(
+    request: pytest.FixtureRequest, backend: str, task_name: str, tmp_path: Path
+) -> None:
+    runner = runner_for(request, backend)
+    task = load_task(TASKS / task_name)
+    oracle_reward, oracle_end, nop_reward = EXPECTED[task_name]
+    labels = {"runctl.owner": "test-trials"}
+    oracle = runner.run(task, make_agent("oracle"), tmp_path / "oracle", labels)
+    assert (oracle.reward, oracle.termination_reason) == (oracle_reward, oracle_end), oracle
+    nop = runner.run(task, make_agent("nop"), tmp_path / "nop", labels)
+    assert nop.reward == nop_reward, nop
+    for result, folder in ((oracle, tmp_path / "oracle"), (nop, tmp_path / "nop")):
+        assert (folder / "result.json").is_file()
+        assert (folder / "logs" / "verifier").is_dir()
+        if result.reward is None:
+            assert result.failure is not None and result.failure.cause == "verifier"
+            assert not result.reward_valid
+        else:
+            assert result.reward_valid
+        assert {"environment_setup", "agent_execution", "verifier", "total"} <= set(result.timings_s)
+    assert (tmp_path / "oracle" / "logs" / "agent" / "oracle.txt").exists()
+
+
+def test_no_bomb_or_planter_outlives_its_trial_on_the_local_backend(local_runner: TrialRunner, tmp_path: Path) -> None:
+    for name in ("fork-bombing", "reward-planting"):
+        local_runner.run(load_task(TASKS / name), make_agent("oracle"), tmp_path / name)
+    root = str(local_runner.backend.root)  # type: ignore[attr-defined]
+    table = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    live = [line for line in table.splitlines() if not line.lstrip().startswith("Z")]  # zombies await init
+    assert not [line for line in live if root in line or "/solution/solve.sh" in line]
+
+
+def test_an_image_that_cannot_be_built_is_an_environment_failure(docker_runner: TrialRunner, tmp_path: Path) -> None:
+    task_dir = tmp_path / "task"
+    shutil.copytree(TASKS / "hello", task_dir)
+    (task_dir / "environment" / "Dockerfile").write_text("FROM runctl-base\nRUN exit 3\n")
+    result = docker_runner.run(load_task(task_dir), make_agent("oracle"), tmp_path / "trial")
+    assert result.termination_reason == "env_setup_failed" and result.reward is None
+    assert result.failure is not None and result.failure.cause == "sandbox"
+    assert "building" in result.failure.message and "failed" in result.failure.message
+
+
+def test_the_local_backend_refuses_build_steps_it_cannot_honour(local_runner: TrialRunner, tmp_path: Path) -> None:
+    task_dir = tmp_path / "task"
+    shutil.copytree(TASKS / "hello", task_dir)
+    (task_dir / "environment" / "Dockerfile").write_text("FROM runctl-base\nRUN apt-get install -y git\n")
+    result = local_runner.run(load_task(task_dir), make_agent("oracle"), tmp_path / "trial")
+    assert result.termination_reason == "env_setup_failed"
+    assert (
+        result.failure is not None and "RUN is a build step the local backend cannot honour" in result.failure.message
+    )
+    assert "BACKEND=docker" in result.failure.message
+
+
+@pytest.mark.parametrize(
+    ("json_text", "txt_text", "expected"),
+    [
+        ('{"reward": 0.5, "tests": 2}', "1", (0.5, {"reward": 0.5, "tests": 2.0})),
+        ('{"passed": 1}', None, (1.0, {"passed": 1.0})),
+        (None, " 0.25\n", (0.25, {"reward": 0.25})),
+    ],
+)
+def test_rewards_parse(json_text: str | None, txt_text: str | None, expected: tuple[float, dict[str, float]]) -> None:
+    assert parse_reward(json_text, txt_text) == expected
+
+
+@pytest.mark.parametrize(
+    ("json_text", "txt_text"),
+    [
+        (None, None),
+        (None, ""),
+        (None, "NaN"),
+        (None, "pass"),
+        ('{"a": 1, "b": 0}', None),
+        ('{"reward": "1"}', None),
+        ("[1]", None),
+        ('{"reward": true}', None),
+        ("{", None),
+    ],
+)
+def test_bad_rewards_are_errors_not_zeros(json_text: str | None, txt_text: str | None) -> None:
+    with pytest.raises(RewardError):
+        parse_reward(json_text, txt_text)
