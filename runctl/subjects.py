@@ -80,3 +80,11 @@ def persisted_subject() -> str:
 def kv_bucket(name: str) -> str:
     """Name of a JetStream key-value bucket runctl owns."""
     return f"runctl_{_token(name, 'bucket')}"
+
+
+def sandbox_subject(op: str, instance: str | None = None) -> str:
+    """Request/reply subject of the sandbox service: ``_runctl.sandbox.<op>`` (any instance, a queue group) or
+    ``_runctl.sandbox.at.<instance>.<op>`` (the instance that holds the sandbox)."""
+    if instance is None:
+        return f"{SYSTEM_PREFIX}.sandbox.{_token(op, 'operation')}"
+    return f"{SYSTEM_PREFIX}.sandbox.at.{_token(instance, 'instance')}.{_token(op, 'operation')}"

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
         RunFailed,
         RunQueued,
         RunSucceeded,
+        SandboxCreated,
+        SandboxDestroyed,
         StepDone,
         TrialFinished,
     )
@@ -65,6 +67,8 @@ __all__ = [
     "RunQueued",
     "RunState",
     "RunSucceeded",
+    "SandboxCreated",
+    "SandboxDestroyed",
     "StepDone",
     "TrialFinished",
     "new_event",

@@ -177,6 +177,30 @@ class RunCancelled(Payload):
     """How many trial.finished events the run published, so a reader knows when it has them all."""
 
 
+class SandboxCreated(Payload):
+    event_name: ClassVar[str] = "sandbox.created"
+    publisher: ClassVar[str] = "sandbox"
+    stream: ClassVar[str] = TRIALS_STREAM
+    sandbox_id: str
+    backend: str
+    trial: str = ""
+    image: str = ""
+    owner: str
+    """The sandbox service instance that made it (the reaper's unit of liveness)."""
+    seconds: float = Field(0.0, ge=0)
+
+
+class SandboxDestroyed(Payload):
+    event_name: ClassVar[str] = "sandbox.destroyed"
+    publisher: ClassVar[str] = "sandbox"
+    stream: ClassVar[str] = TRIALS_STREAM
+    sandbox_id: str
+    backend: str
+    trial: str = ""
+    reason: Literal["released", "reaped_owner_gone", "reaped_run_ended", "error"]
+    """released: its user was done; reaped_*: the reaper removed an orphan, and why."""
+
+
 class CancelRequested(Payload):
     event_name: ClassVar[str] = "cancel.requested"
     publisher: ClassVar[str] = "runctl CLI / SDK"
@@ -201,6 +225,8 @@ PAYLOADS: tuple[type[Payload], ...] = (
     RunFailed,
     RunCancelled,
     CancelRequested,
+    SandboxCreated,
+    SandboxDestroyed,
 )
 BY_TYPE: dict[str, type[Payload]] = {p.type_string(): p for p in PAYLOADS}
 BY_NAME: dict[str, type[Payload]] = {p.event_name: p for p in PAYLOADS}

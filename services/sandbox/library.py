@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,7 +45,16 @@ def open_backend(
         finally:
             local.remove_cgroup_parents()
         return
-    raise ValueError(f"backend {name!r} is not available here; use one of: docker, local")
+    if name == "kubernetes":
+        from services.sandbox.backends.kubernetes_backend import KubernetesBackend
+
+        kube = KubernetesBackend(namespace=os.environ.get("K8S_NAMESPACE", "runctl"))
+        try:
+            yield kube, lambda task: kube.task_image(task, registry)
+        finally:
+            kube.close()
+        return
+    raise ValueError(f"no sandbox backend {name!r}; use one of: {', '.join(BACKENDS)}")
 
 
 def run_task(

@@ -133,6 +133,15 @@ def test_generated_sections_are_up_to_date(block: str) -> None:
     assert result.returncode == 0, result.stdout
 
 
+def test_the_sandbox_benchmark_runs_and_prints_its_figures(docker_host: str) -> None:
+    assert "python bench/sandbox.py" in README
+    env = dict(os.environ) | {"DOCKER_HOST": docker_host}
+    argv = [sys.executable, "bench/sandbox.py", "--repeat", "1", "--trials", "2"]
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "== summary" in result.stdout and "warm_acquire_ms" in result.stdout
+
+
 @pytest.mark.parametrize(
     "argv",
     [

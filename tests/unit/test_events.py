@@ -12,6 +12,8 @@ from runctl.events import (
     PAYLOADS,
     CheckpointSaved,
     RunFailed,
+    SandboxCreated,
+    SandboxDestroyed,
     StepDone,
     TrialFinished,
     new_event,
@@ -52,9 +54,10 @@ def test_type_strings_are_versioned_and_unique() -> None:
     assert all(t.startswith("runctl.") and t.endswith(".v1") for t in types)
 
 
-def test_trial_events_go_to_their_own_stream() -> None:
-    assert TrialFinished.stream == TRIALS_STREAM
-    assert {p.stream for p in PAYLOADS if p is not TrialFinished} == {RUNS_STREAM}
+def test_high_volume_events_go_to_their_own_stream() -> None:
+    per_trial = {TrialFinished, SandboxCreated, SandboxDestroyed}
+    assert {p.stream for p in per_trial} == {TRIALS_STREAM}
+    assert {p.stream for p in PAYLOADS if p not in per_trial} == {RUNS_STREAM}
 
 
 def test_payloads_are_frozen_and_refuse_unknown_fields() -> None:

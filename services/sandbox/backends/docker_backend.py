@@ -12,12 +12,10 @@
 
 from __future__ import annotations
 
-import io
 import os
 import select
 import socket
 import struct
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,7 +33,8 @@ from services.sandbox.backends.base import (
     SandboxSpec,
 )
 from services.sandbox.backends.execio import Capture, exec_result, kill_tree_argv, quoted, split_pid, wrapped
-from services.sandbox.backends.files import extract_tar, folder_digest, tar_of
+from services.sandbox.backends.files import folder_digest
+from services.sandbox.backends.tarexec import TarOverExec
 
 IDLE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 KILL_GRACE_S = 10.0
@@ -46,8 +45,9 @@ def default_host() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
-class DockerBackend:
+class DockerBackend(TarOverExec):
     name = "docker"
+    file_exec_options = {"user": "0"}
 
     def __init__(self, host: str | None = None, api_timeout_s: int = 120) -> None:
         import docker
@@ -255,28 +255,6 @@ class DockerBackend:
             return 124, out, err, True
         code = api.exec_inspect(exec_id).get("ExitCode")
         return (code if isinstance(code, int) else -1), out, err, False
-
-    # --- files ------------------------------------------------------------------------------------------------
-
-    def upload(self, sandbox: Sandbox, source: Path, target: str) -> None:
-        parent, name = os.path.split(target.rstrip("/"))
-        data = tar_of(source, name)
-        command = f"mkdir -p {quoted(parent or '/')} && tar -xf - -C {quoted(parent or '/')}"
-        code, _, err, timed_out = self._run(sandbox.handle, ["sh", "-c", command], 300, stdin=data, user="0")
-        if code != 0 or timed_out:
-            raise SandboxError(f"upload of {source} to {target} failed: {bytes(err.data).decode(errors='replace')}")
-
-    def download(self, sandbox: Sandbox, source: str, target: Path) -> bool:
-        parent, name = os.path.split(source.rstrip("/"))
-        command = f"[ -e {quoted(source)} ] || exit 3; tar -cf - -C {quoted(parent or '/')} {quoted(name)}"
-        code, out, err, timed_out = self._run(sandbox.handle, ["sh", "-c", command], 300, user="0", limit=1 << 30)
-        if code == 3:
-            return False
-        if code != 0 or timed_out:
-            raise SandboxError(f"download of {source} failed: {bytes(err.data).decode(errors='replace')}")
-        with tempfile.TemporaryDirectory() as scratch:
-            extract_tar(io.BytesIO(bytes(out.data)), Path(scratch), name, target)
-        return True
 
 
 def _demux_until(sock: socket.socket, deadline: float, out: Capture, err: Capture) -> bool:

@@ -198,7 +198,7 @@ class LocalBackend:
     def _remove(self, folder: Path) -> None:
         meta = _read_meta(folder)
         for group in meta.get("cgroups", []) if meta else []:
-            _kill_cgroup(Path(group))
+            kill_cgroup(Path(group))
             try:
                 Path(group).rmdir()
             except OSError:
@@ -249,7 +249,7 @@ class LocalBackend:
         if not finished:
             _kill_group(proc)
             for group in meta["cgroups"]:
-                _kill_cgroup(Path(group))
+                kill_cgroup(Path(group))
         code = proc.wait()
         return exec_result(code, out, err, bytes(err.data), not finished, started)
 
@@ -433,7 +433,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def _kill_cgroup(group: Path) -> None:
+def kill_cgroup(group: Path) -> None:
     """SIGKILL every process in a cgroup until it is empty (bounded)."""
     for _ in range(50):
         try:

@@ -1,0 +1,100 @@
+"""The sandbox ledger in JetStream KV: every sandbox a service instance holds, the instances' heartbeats, and the
+runs that ended. It is what lets a reaper on any instance tell an orphan from a sandbox in use.
+
+Keys: ``sb.<sandbox_id>`` (an entry), ``owner.<instance>`` (last heartbeat, epoch seconds), ``run.<run_id>``
+(the run ended).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import nats.js.errors
+from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
+
+from runctl.bus import Bus
+from runctl.subjects import kv_bucket
+
+BUCKET = kv_bucket("sandboxes")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    sandbox_id: str
+    backend: str
+    handle: str
+    owner: str
+    team: str = ""
+    run_id: str = ""
+    trial: str = ""
+    created: float = 0.0
+
+
+class SandboxLedger:
+    def __init__(self, kv: KeyValue, js: JetStreamContext) -> None:
+        self.kv = kv
+        self.js = js
+
+    @classmethod
+    async def open(cls, bus: Bus) -> SandboxLedger:
+        try:
+            kv = await bus.js.key_value(BUCKET)
+        except nats.js.errors.BucketNotFoundError:
+            try:
+                kv = await bus.js.create_key_value(bucket=BUCKET, history=1)
+            except nats.js.errors.BadRequestError:  # another instance made it first
+                kv = await bus.js.key_value(BUCKET)
+        return cls(kv, bus.js)
+
+    async def _keys(self, prefix: str) -> list[str]:
+        # From the stream's subject counts, not KeyValue.keys(): that makes a consumer per call and never
+        # removes it, and its key filters return nothing. Deleted keys are listed too; get() skips them.
+        info = await self.js.stream_info(f"KV_{BUCKET}", subjects_filter=f"$KV.{BUCKET}.{prefix}.>")
+        subjects = info.state.subjects or {}
+        return [subject.removeprefix(f"$KV.{BUCKET}.") for subject in subjects]
+
+    async def _get(self, key: str) -> bytes | None:
+        try:
+            entry = await self.kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return entry.value or None
+
+    async def put(self, entry: LedgerEntry) -> None:
+        await self.kv.put(f"sb.{entry.sandbox_id}", json.dumps(asdict(entry)).encode())
+
+    async def remove(self, sandbox_id: str) -> None:
+        await self.kv.purge(f"sb.{sandbox_id}")
+
+    async def entries(self) -> dict[str, LedgerEntry]:
+        found: dict[str, LedgerEntry] = {}
+        for key in await self._keys("sb"):
+            value = await self._get(key)
+            if value is not None:
+                entry = LedgerEntry(**json.loads(value))
+                found[entry.sandbox_id] = entry
+        return found
+
+    async def heartbeat(self, instance: str) -> None:
+        await self.kv.put(f"owner.{instance}", str(time.time()).encode())
+
+    async def forget_owner(self, instance: str) -> None:
+        await self.kv.purge(f"owner.{instance}")
+
+    async def live_owners(self, stale_s: float) -> set[str]:
+        """Instances whose last heartbeat is newer than ``stale_s`` seconds."""
+        now, alive = time.time(), set()
+        for key in await self._keys("owner"):
+            value = await self._get(key)
+            if value is not None and now - float(value) < stale_s:
+                alive.add(key.removeprefix("owner."))
+        return alive
+
+    async def mark_run_ended(self, run_id: str) -> None:
+        await self.kv.put(f"run.{run_id}", str(time.time()).encode())
+
+    async def ended_runs(self) -> set[str]:
+        return {key.removeprefix("run.") for key in await self._keys("run")}

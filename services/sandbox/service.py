@@ -1,0 +1,458 @@
+"""The sandbox service: sandboxes and whole trials for runs, reachable from any worker over the bus.
+
+Requests are JSON over NATS request/reply (``runctl.subjects.sandbox_subject``):
+
+- ``create`` and ``trial`` go to any instance (a queue group); ``exec`` and ``destroy`` go to the instance that
+  holds the sandbox (its id comes back from ``create``);
+- every sandbox is labelled with team, run, trial and the instance that made it, and recorded in the ledger
+  (JetStream KV) before it exists and removed after it is gone;
+- per-team caps: a ``create`` over the team's cap waits for a slot up to ``wait_s``, then fails with the cap named;
+- the reaper runs at start and every ``REAP_EVERY_S``: a sandbox whose instance stopped heart-beating, or whose
+  run ended, is destroyed, and the ledger follows the backends.
+
+Backend calls block; they run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import secrets
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from runctl.bus.client import ConsumerSpec, Delivery
+from runctl.events import RunCancelled, RunFailed, RunSucceeded, SandboxCreated, SandboxDestroyed, new_event
+from runctl.events.envelope import Event
+from runctl.events.payloads import RUNS_STREAM
+from runctl.service import ServiceRuntime
+from runctl.subjects import event_filter, sandbox_subject
+from runctl.tasks import Task, load_task
+from services.sandbox.agents import make_agent
+from services.sandbox.backends.base import OWNER_LABEL, Backend, OwnedSandbox, Sandbox, SandboxError, SandboxSpec
+from services.sandbox.ledger import LedgerEntry, SandboxLedger
+from services.sandbox.trial import TrialRunner, sandbox_spec
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 2.0
+STALE_S = 10.0
+REAP_EVERY_S = 5.0
+DEFAULT_TEAM_CAP = 64
+TEAM_LABEL, RUN_LABEL, TRIAL_LABEL, SCOPE_LABEL = "runctl.team", "runctl.run", "runctl.trial", "runctl.scope"
+
+
+def instance_name() -> str:
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:24]
+    return f"{host}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def team_caps(text: str) -> dict[str, int]:
+    """``nlp=8,vision=4`` → caps per team."""
+    caps: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        team, _, cap = item.partition("=")
+        caps[team.strip()] = int(cap)
+    return caps
+
+
+class LedgerBackend:
+    """A backend whose sandboxes are recorded in the ledger before they exist and forgotten after they are gone.
+
+    Called from worker threads; the ledger writes are sent to the service's event loop and awaited.
+    """
+
+    def __init__(self, service: SandboxService, inner: Backend) -> None:
+        self.service = service
+        self.inner = inner
+        self.name = inner.name
+
+    def _await(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.service.loop).result()
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        return self._await(self.service.created(self.inner, spec))  # type: ignore[no-any-return]
+
+    def destroy(self, sandbox: Sandbox) -> None:
+        self._await(self.service.destroyed(self.inner, sandbox, "released"))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class SandboxService:
+    def __init__(
+        self,
+        runtime: ServiceRuntime,
+        backends: dict[str, tuple[Backend, Callable[[Task], str | None]]],
+        caps: dict[str, int] | None = None,
+        default_cap: int = DEFAULT_TEAM_CAP,
+        scope: str = "default",
+        max_threads: int = 512,
+        warm: int = 0,
+    ) -> None:
+        self.runtime = runtime
+        self.backends = backends
+        self.caps = caps or {}
+        self.default_cap = default_cap
+        self.scope = scope
+        """Sandboxes this deployment owns carry it; the reaper never looks at others (another install's)."""
+        self.instance = instance_name()
+        self.live: dict[str, tuple[Backend, Sandbox, LedgerEntry]] = {}
+        self.pending: set[str] = set()
+        self.warm = warm
+        """Sandboxes kept ready per kind (backend and spec less id and labels), so a create does not wait."""
+        self.pool: dict[str, list[Sandbox]] = {}
+        self.refilling: set[str] = set()
+        self.pooled: set[str] = set()
+        self.slot_freed = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+        # Backend calls block for as long as a command runs: the default pool (CPUs + 4 threads) would cap
+        # concurrent trials at 6 on a 2-core machine.
+        self.loop.set_default_executor(ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="sandbox"))
+        self.ledger: SandboxLedger | None = None
+        self.reaped = 0
+
+    # --- life -------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        bus = self.runtime.bus
+        assert bus is not None
+        self.ledger = await SandboxLedger.open(bus)
+        await self.ledger.heartbeat(self.instance)
+        nc = bus.nc
+        await nc.subscribe(sandbox_subject("create"), queue="sandbox", cb=self._handler(self._create))
+        await nc.subscribe(sandbox_subject("trial"), queue="sandbox", cb=self._handler(self._trial))
+        for op, handler in (("exec", self._exec), ("destroy", self._destroy)):
+            await nc.subscribe(sandbox_subject(op, self.instance), cb=self._handler(handler))
+        ends = [event_filter(p.event_name) for p in (RunSucceeded, RunFailed, RunCancelled)]
+        await self.runtime.consume(
+            ConsumerSpec(durable="sandbox-run-ends", stream=RUNS_STREAM, filter_subjects=ends), self._runs_ended
+        )
+        await self.reap()
+        self.runtime.spawn(self._every(HEARTBEAT_S, lambda: self.ledger.heartbeat(self.instance)))  # type: ignore[union-attr]
+        self.runtime.spawn(self._every(REAP_EVERY_S, self.reap))
+        self.runtime.health_info(self.health)
+        self.runtime.on_stop(self.stop)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "serving": True,
+            "instance": self.instance,
+            "backends": sorted(self.backends),
+            "sandboxes": len(self.live),
+            "warm": sum(len(ready) for ready in self.pool.values()),
+            "reaped": self.reaped,
+        }
+
+    async def stop(self) -> None:
+        """Destroy what this instance holds (a clean stop leaves nothing for the reaper) and stop heart-beating."""
+        self.warm = 0
+        for sandbox_id in list(self.live):
+            backend, sandbox, _ = self.live[sandbox_id]
+            await self.destroyed(backend, sandbox, "released")
+        for key, ready in list(self.pool.items()):
+            backend = self.backends[key.split(":", 1)[0]][0]
+            for sandbox in ready:
+                await asyncio.to_thread(backend.destroy, sandbox)
+                await self.ledger.remove(sandbox.sandbox_id)  # type: ignore[union-attr]
+        self.pool.clear()
+        if self.ledger is not None:
+            await self.ledger.forget_owner(self.instance)
+        for backend, _ in self.backends.values():
+            tidy = getattr(backend, "remove_cgroup_parents", None)
+            if tidy is not None:
+                tidy()
+
+    async def _every(self, seconds: float, action: Callable[[], Any]) -> None:
+        while not self.runtime.stopping.is_set():
+            try:
+                await asyncio.wait_for(self.runtime.stopping.wait(), seconds)
+            except TimeoutError:
+                try:
+                    await action()
+                except Exception:  # a failed sweep is retried at the next one
+                    log.exception("periodic %s failed", getattr(action, "__name__", "action"))
+
+    # --- requests ---------------------------------------------------------------------------------------------
+
+    def _handler(self, handler: Callable[[dict[str, Any]], Any]) -> Callable[[Msg], Any]:
+        async def answer(msg: Msg) -> None:
+            try:
+                reply = {"ok": True, **(await handler(json.loads(msg.data)))}
+            except SandboxError as e:
+                reply = {"ok": False, "error": e.message, "cause": e.cause}
+            except (ValueError, KeyError, TypeError) as e:
+                reply = {"ok": False, "error": f"bad request: {e}", "cause": "request"}
+            except Exception as e:  # answer, whatever happened: the caller must not wait for a timeout
+                log.exception("sandbox request failed")
+                reply = {"ok": False, "error": f"{type(e).__name__}: {e}", "cause": "sandbox"}
+            if msg.reply:
+                await msg.respond(json.dumps(reply).encode())
+
+        async def on_message(msg: Msg) -> None:
+            self.runtime.spawn(answer(msg))  # requests run side by side: an exec must not wait for a trial
+
+        return on_message
+
+    def _backend(self, name: str) -> tuple[Backend, Callable[[Task], str | None]]:
+        if name not in self.backends:
+            raise SandboxError(f"backend {name} is not served by this instance (it serves {', '.join(self.backends)})")
+        return self.backends[name]
+
+    async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
+        backend, image_for = self._backend(request.get("backend", "local"))
+        task = load_task(request["task_path"])
+        labels = self._labels(request)
+        await self._wait_for_slot(labels[TEAM_LABEL], float(request.get("wait_s", 0)))
+        spec = sandbox_spec(task, await asyncio.to_thread(image_for, task), labels)
+        sandbox = await self.created(backend, spec)
+        return {"sandbox_id": sandbox.sandbox_id, "instance": self.instance, "backend": backend.name}
+
+    async def _exec(self, request: dict[str, Any]) -> dict[str, Any]:
+        backend, sandbox = self._held(request["sandbox_id"])
+        result = await asyncio.to_thread(
+            backend.exec,
+            sandbox,
+            request["command"],
+            float(request.get("timeout_s", 600)),
+            user=request.get("user"),
+            env=request.get("env"),
+            workdir=request.get("workdir"),
+        )
+        return asdict(result)
+
+    async def _destroy(self, request: dict[str, Any]) -> dict[str, Any]:
+        backend, sandbox = self._held(request["sandbox_id"])
+        await self.destroyed(backend, sandbox, "released")
+        return {}
+
+    async def _trial(self, request: dict[str, Any]) -> dict[str, Any]:
+        backend, image_for = self._backend(request.get("backend", "local"))
+        task = load_task(request["task_path"])
+        labels = self._labels(request)
+        await self._wait_for_slot(labels[TEAM_LABEL], float(request.get("wait_s", 0)))
+        runner = TrialRunner(LedgerBackend(self, backend), image_for)
+        agent = make_agent(request.get("agent", "oracle"))
+        result = await asyncio.to_thread(runner.run, task, agent, Path(request["out_dir"]), labels)
+        return {"result": result.model_dump()}
+
+    def _held(self, sandbox_id: str) -> tuple[Backend, Sandbox]:
+        if sandbox_id not in self.live:
+            raise SandboxError(f"sandbox {sandbox_id} is not held by instance {self.instance}")
+        backend, sandbox, _ = self.live[sandbox_id]
+        return backend, sandbox
+
+    def _labels(self, request: dict[str, Any]) -> dict[str, str]:
+        team = str(request["team"])
+        return {
+            OWNER_LABEL: self.instance,
+            SCOPE_LABEL: self.scope,
+            TEAM_LABEL: team,
+            RUN_LABEL: str(request.get("run_id") or ""),
+            TRIAL_LABEL: str(request.get("trial") or ""),
+        }
+
+    async def _wait_for_slot(self, team: str, wait_s: float) -> None:
+        cap = self.caps.get(team, self.default_cap)
+        deadline = time.monotonic() + wait_s
+        while True:
+            held = await self._team_counts()
+            if held[team] < cap:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SandboxError(
+                    f"team {team} holds {held[team]} sandboxes, its cap is {cap}: wait for some to end "
+                    "(pass wait_s), or raise the cap (RUNCTL_SANDBOX_CAPS)."
+                )
+            self.slot_freed.clear()
+            try:
+                await asyncio.wait_for(self.slot_freed.wait(), min(remaining, 1.0))
+            except TimeoutError:
+                pass  # other instances free slots too: count again
+
+    async def _team_counts(self) -> Counter[str]:
+        assert self.ledger is not None
+        return Counter(entry.team for entry in (await self.ledger.entries()).values())
+
+    # --- bookkeeping ------------------------------------------------------------------------------------------
+
+    async def created(self, backend: Backend, spec: SandboxSpec) -> Sandbox:
+        """A sandbox for ``spec``: a warm one when the pool has it, else a new one. Recorded in the ledger (before
+        it exists, when new) and announced to the run."""
+        assert self.ledger is not None
+        labels = spec.labels
+        entry = LedgerEntry(
+            sandbox_id=spec.sandbox_id,
+            backend=backend.name,
+            handle="",
+            owner=self.instance,
+            team=labels.get(TEAM_LABEL, ""),
+            run_id=labels.get(RUN_LABEL, ""),
+            trial=labels.get(TRIAL_LABEL, ""),
+            created=time.time(),
+        )
+        started = time.monotonic()
+        key = self._pool_key(backend, spec)
+        ready = self.pool.get(key)
+        if ready:
+            warm = ready.pop()
+            self.pooled.discard(warm.sandbox_id)
+            sandbox = Sandbox(warm.sandbox_id, warm.backend, warm.handle, spec)
+            entry = LedgerEntry(**{**asdict(entry), "sandbox_id": sandbox.sandbox_id})
+        else:
+            sandbox = await self._make(backend, spec, entry)
+        entry = LedgerEntry(**{**asdict(entry), "handle": sandbox.handle})
+        self.live[sandbox.sandbox_id] = (backend, sandbox, entry)
+        await self.ledger.put(entry)
+        self._refill(backend, spec)
+        if entry.run_id:
+            payload = SandboxCreated(
+                sandbox_id=sandbox.sandbox_id,
+                backend=backend.name,
+                trial=entry.trial,
+                image=spec.image or "",
+                owner=self.instance,
+                seconds=time.monotonic() - started,
+            )
+            await self._publish(payload, entry)
+        return sandbox
+
+    async def _make(self, backend: Backend, spec: SandboxSpec, entry: LedgerEntry) -> Sandbox:
+        assert self.ledger is not None
+        self.pending.add(spec.sandbox_id)
+        await self.ledger.put(entry)  # first in the ledger, so a crash during create leaves a trace
+        try:
+            return await asyncio.to_thread(backend.create, spec)
+        except BaseException:
+            await self.ledger.remove(spec.sandbox_id)
+            raise
+        finally:
+            self.pending.discard(spec.sandbox_id)
+
+    @staticmethod
+    def _pool_key(backend: Backend, spec: SandboxSpec) -> str:
+        kind = {k: v for k, v in asdict(spec).items() if k not in ("sandbox_id", "labels")}
+        return f"{backend.name}:{json.dumps(kind, sort_keys=True)}"
+
+    def _refill(self, backend: Backend, spec: SandboxSpec) -> None:
+        key = self._pool_key(backend, spec)
+        if self.warm <= 0 or key in self.refilling or self.runtime.stopping.is_set():
+            return
+        self.refilling.add(key)
+
+        async def fill() -> None:
+            try:
+                while len(self.pool.setdefault(key, [])) < self.warm and not self.runtime.stopping.is_set():
+                    sandbox_id = f"warm-{secrets.token_hex(5)}"
+                    labels = {OWNER_LABEL: self.instance, SCOPE_LABEL: self.scope, "runctl.pool": "1"}
+                    warm_spec = replace(spec, sandbox_id=sandbox_id, labels=labels)
+                    entry = LedgerEntry(sandbox_id, backend.name, "", self.instance, created=time.time())
+                    self.pending.add(sandbox_id)  # held by the pool: never an orphan
+                    try:
+                        sandbox = await self._make(backend, warm_spec, entry)
+                        self.pooled.add(sandbox_id)
+                        self.pool[key].append(sandbox)
+                    finally:
+                        self.pending.discard(sandbox_id)
+            except SandboxError as e:
+                log.warning("warm pool for %s: %s", backend.name, e.message)
+            finally:
+                self.refilling.discard(key)
+
+        self.runtime.spawn(fill())
+
+    async def destroyed(self, backend: Backend, sandbox: Sandbox, reason: str) -> None:
+        assert self.ledger is not None
+        await asyncio.to_thread(backend.destroy, sandbox)
+        _, _, entry = self.live.pop(sandbox.sandbox_id, (None, None, None))
+        await self.ledger.remove(sandbox.sandbox_id)
+        self.slot_freed.set()
+        if entry is not None and entry.run_id:
+            await self._publish(self._destroyed_payload(sandbox.sandbox_id, backend.name, entry.trial, reason), entry)
+
+    @staticmethod
+    def _destroyed_payload(sandbox_id: str, backend: str, trial: str, reason: str) -> SandboxDestroyed:
+        return SandboxDestroyed.model_validate(
+            {"sandbox_id": sandbox_id, "backend": backend, "trial": trial, "reason": reason}
+        )
+
+    async def _publish(self, payload: SandboxCreated | SandboxDestroyed, entry: LedgerEntry) -> None:
+        assert self.runtime.bus is not None
+        event: Event = new_event(payload, team=entry.team, run_id=entry.run_id, source=self.runtime.source)
+        try:
+            await self.runtime.bus.publish(event)
+        except Exception:  # an event lost is a gap in the timeline, not a reason to fail the sandbox
+            log.exception("could not publish %s for %s", payload.event_name, entry.sandbox_id)
+
+    async def _runs_ended(self, deliveries: list[Delivery]) -> None:
+        assert self.ledger is not None
+        for delivery in deliveries:
+            await self.ledger.mark_run_ended(delivery.event.runid)
+        await self.reap()
+
+    # --- the reaper -------------------------------------------------------------------------------------------
+
+    async def reap(self) -> int:
+        """Destroy every sandbox whose instance is gone or whose run ended; drop ledger entries for sandboxes
+        that no longer exist. Returns how many sandboxes it destroyed."""
+        assert self.ledger is not None
+        alive = await self.ledger.live_owners(STALE_S) | {self.instance}
+        ended = await self.ledger.ended_runs()
+        entries = await self.ledger.entries()
+        destroyed = 0
+        existing: set[str] = set()
+        for backend, _ in self.backends.values():
+            for owned in await asyncio.to_thread(backend.list_owned, {SCOPE_LABEL: self.scope}):
+                existing.add(owned.sandbox_id)
+                if OWNER_LABEL not in owned.labels:
+                    continue  # made outside the service (runctl task run): not the reaper's
+                recorded = entries.get(owned.sandbox_id)
+                run = owned.labels.get(RUN_LABEL) or (recorded.run_id if recorded else "")
+                reason = self._orphaned(owned, alive, run in ended if run else False)
+                if reason is not None:
+                    await self._reap_one(backend, owned, reason)
+                    destroyed += 1
+        for sandbox_id, entry in entries.items():
+            gone = sandbox_id not in existing and sandbox_id not in self.pending and sandbox_id not in self.live
+            if gone and (entry.owner not in alive or entry.backend in self.backends):
+                await self.ledger.remove(sandbox_id)
+        self.reaped += destroyed
+        if destroyed:
+            log.info("reaped %d orphaned sandbox(es)", destroyed)
+        return destroyed
+
+    def _orphaned(self, owned: OwnedSandbox, alive: set[str], run_ended: bool) -> str | None:
+        owner = owned.labels.get(OWNER_LABEL, "")
+        held = owned.sandbox_id in self.live or owned.sandbox_id in self.pending or owned.sandbox_id in self.pooled
+        if (owner == self.instance and held) or (owner != self.instance and owner in alive):
+            return "reaped_run_ended" if run_ended else None
+        return "reaped_owner_gone"
+
+    async def _reap_one(self, backend: Backend, owned: OwnedSandbox, reason: str) -> None:
+        assert self.ledger is not None
+        held = self.live.pop(owned.sandbox_id, None)
+        if held is not None:
+            await asyncio.to_thread(backend.destroy, held[1])
+        else:
+            await asyncio.to_thread(backend.destroy_owned, owned)
+        await self.ledger.remove(owned.sandbox_id)
+        self.slot_freed.set()
+        team, run = owned.labels.get(TEAM_LABEL, ""), owned.labels.get(RUN_LABEL, "")
+        if team and run:
+            entry = LedgerEntry(
+                owned.sandbox_id, backend.name, owned.handle, owned.labels.get(OWNER_LABEL, ""), team, run
+            )
+            payload = self._destroyed_payload(owned.sandbox_id, backend.name, owned.labels.get(TRIAL_LABEL, ""), reason)
+            await self._publish(payload, entry)

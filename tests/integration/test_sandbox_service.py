@@ -1,0 +1,185 @@
+"""The sandbox service over a real bus: trials and sandboxes on request, team caps, and the reaper after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from runctl.bus import Bus
+from runctl.subjects import health_subject
+from services.sandbox.backends.base import SandboxError
+from services.sandbox.backends.docker_backend import DockerBackend
+from services.sandbox.backends.local_backend import LocalBackend, kill_cgroup
+from services.sandbox.client import SandboxClient
+from services.sandbox.ledger import SandboxLedger
+from tests.conftest import ROOT, Services, async_wait_until
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+]
+TASKS = ROOT / "tests" / "data" / "tasks"
+
+
+@pytest.fixture
+def scope(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A scope of its own for each test's sandboxes, and a parent cgroup removed at the end."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("RUNCTL_SANDBOX_SCOPE", name)
+    monkeypatch.setenv("RUNCTL_SANDBOX_CGROUP", f"runctl-{name}")
+    yield name
+    for controller in ("memory", "pids", "cpu"):
+        folder = Path("/sys/fs/cgroup") / controller / f"runctl-{name}"
+        if folder.is_dir():
+            for child in [p for p in folder.iterdir() if p.is_dir()]:  # a failed test's leftovers
+                kill_cgroup(child)
+                child.rmdir()
+            folder.rmdir()
+
+
+@pytest.fixture
+async def client(services: Services) -> AsyncIterator[SandboxClient]:
+    bus = await Bus.connect(services.nats_url, name="test-sandbox-client")
+    yield SandboxClient(bus)
+    await bus.close()
+
+
+def slow_task(tmp_path: Path, seconds: int = 100) -> Path:
+    folder = tmp_path / "slow"
+    shutil.copytree(TASKS / "hello", folder)
+    toml = (folder / "task.toml").read_text().replace("timeout_sec = 60", f"timeout_sec = {seconds + 20}")
+    (folder / "task.toml").write_text(toml)
+    (folder / "solution" / "solve.sh").write_text(f"#!/bin/sh\nsleep {seconds}\n")
+    return folder
+
+
+async def test_trials_and_sandboxes_on_request(
+    scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", "local")
+    await asyncio.to_thread(services.start, "sandbox")
+    result = await client.trial("nlp", TASKS / "hello", tmp_path / "t1", agent="oracle", run_id="r-1", trial="0")
+    assert result.reward == 1.0 and (tmp_path / "t1" / "result.json").is_file()
+    sandbox = await client.create("nlp", TASKS / "hello", run_id="r-1", trial="1")
+    done = await client.exec(sandbox, "echo hi > /app/x; cat /app/x; exit 3", 10)
+    assert (done.exit_code, done.stdout) == (3, "hi\n")
+    timed = await client.exec(sandbox, "sleep 30", 0.5)
+    assert timed.timed_out
+    await client.destroy(sandbox)
+    with pytest.raises(SandboxError, match="not held"):
+        await client.exec(sandbox, "true", 5)
+    with pytest.raises(SandboxError, match="not served"):
+        await client.create("nlp", TASKS / "hello", backend="kubernetes")
+    ledger = await SandboxLedger.open(client.bus)
+    assert await ledger.entries() == {}
+
+
+async def test_a_team_over_its_cap_waits_or_is_refused(
+    scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", "local")
+    monkeypatch.setenv("RUNCTL_SANDBOX_CAPS", "nlp=2")
+    await asyncio.to_thread(services.start, "sandbox")
+    held = [await client.create("nlp", TASKS / "hello") for _ in range(2)]
+    with pytest.raises(SandboxError, match="team nlp holds 2 sandboxes, its cap is 2"):
+        await client.create("nlp", TASKS / "hello")
+    other = await client.create("vision", TASKS / "hello")  # another team's cap is its own
+    waiting = asyncio.create_task(client.create("nlp", TASKS / "hello", wait_s=20))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()
+    await client.destroy(held[0])
+    third = await asyncio.wait_for(waiting, 20)
+    for sandbox in (held[1], other, third):
+        await client.destroy(sandbox)
+
+
+async def test_a_warm_sandbox_is_handed_out_and_the_pool_refills(
+    scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", "local")
+    monkeypatch.setenv("RUNCTL_SANDBOX_WARM", "1")
+    await asyncio.to_thread(services.start, "sandbox")
+    first = await client.create("nlp", TASKS / "hello", run_id="r-w")
+    assert not first.sandbox_id.startswith("warm-")  # the pool fills once a kind has been asked for
+
+    async def warm_ready() -> bool:
+        reply = await client.bus.nc.request(health_subject("sandbox"), b"", timeout=2)
+        return bool(json.loads(reply.data)["warm"] == 1)
+
+    await async_wait_until(warm_ready, 30, "one warm sandbox")
+    second = await client.create("nlp", TASKS / "hello", run_id="r-w")
+    assert second.sandbox_id.startswith("warm-")
+    assert (await client.exec(second, "pwd", 10)).stdout == "/app\n"
+    ledger = await SandboxLedger.open(client.bus)
+    assert (await ledger.entries())[second.sandbox_id].run_id == "r-w"  # the ledger knows whose it is now
+    await async_wait_until(warm_ready, 30, "the pool to refill")
+    for sandbox in (first, second):
+        await client.destroy(sandbox)
+    await asyncio.to_thread(services.stop, "sandbox")  # a clean stop removes the warm one too
+    assert not _owned("local", services, scope) and not await ledger.entries()
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+async def test_the_reaper_cleans_up_after_a_killed_service(
+    scope: str,
+    request: pytest.FixtureRequest,
+    services: Services,
+    client: SandboxClient,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    backend: str,
+) -> None:
+    if backend == "docker":
+        monkeypatch.setenv("DOCKER_HOST", request.getfixturevalue("docker_host"))
+    monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", backend)
+    await asyncio.to_thread(services.start, "sandbox")
+    task = slow_task(tmp_path)
+    trials = [
+        asyncio.create_task(
+            client.trial(
+                "nlp", task, tmp_path / f"t{i}", backend=backend, run_id="r-crash", trial=str(i), timeout_s=300
+            )
+        )
+        for i in range(8)
+    ]
+    ledger = await SandboxLedger.open(client.bus)
+
+    async def eight_running() -> bool:  # made, not only recorded: the ledger has them before they exist
+        return len(_owned(backend, services, scope)) == 8 and len(await ledger.entries()) == 8
+
+    await async_wait_until(eight_running, 60, "8 sandboxes made and in the ledger")
+    services.kill("sandbox")
+    for trial in trials:
+        trial.cancel()
+    held = _owned(backend, services, scope)
+    assert len(held) == 8  # the crash left them behind
+
+    started = time.monotonic()
+    await asyncio.to_thread(services.start, "sandbox")
+
+    async def all_reaped() -> bool:
+        return not _owned(backend, services, scope) and not await ledger.entries()
+
+    await async_wait_until(all_reaped, 30, "the reaper to remove every orphan and its ledger entry")
+    assert time.monotonic() - started < 30
+    table = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    assert not [line for line in table.splitlines() if str(services.home) in line and not line.lstrip().startswith("Z")]
+
+
+def _owned(backend: str, services: Services, scope: str) -> list[str]:
+    if backend == "docker":
+        docker = DockerBackend()
+        try:
+            return [o.sandbox_id for o in docker.list_owned({"runctl.scope": scope})]
+        finally:
+            docker.close()
+    local = LocalBackend(root=services.home / "sandboxes")
+    return [o.sandbox_id for o in local.list_owned({"runctl.scope": scope})]
