@@ -5,16 +5,21 @@ Errors the service reports come back as :class:`SandboxError` with the service's
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import tempfile
+import uuid
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import nats.errors
 
 from runctl.bus import Bus
 from runctl.subjects import sandbox_subject
-from services.sandbox.backends.base import ExecResult, SandboxError
+from services.sandbox.backends.base import CHUNK_BYTES, ExecResult, SandboxError
+from services.sandbox.backends.files import extract_tar, tar_of
 from services.sandbox.trial import TrialResult
 
 #: Seconds a request may take beyond the work it asks for (transport, scheduling).
@@ -72,6 +77,43 @@ class SandboxClient:
         body |= {"user": user, "env": env, "workdir": workdir}
         reply = await self._request(sandbox_subject("exec", sandbox.instance), body, timeout_s + SLACK_S)
         return ExecResult(**reply)
+
+    async def upload(self, sandbox: RemoteSandbox, source: Path, target: str) -> None:
+        """Copy a local file or folder to ``target`` in the sandbox, as a tar archive sent in chunks."""
+        data = tar_of(source, PurePosixPath(target).name)
+        transfer = uuid.uuid4().hex
+        subject = sandbox_subject("upload", sandbox.instance)
+        chunks = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+        for index, chunk in enumerate(chunks):
+            headers = {
+                "Runctl-Sandbox": sandbox.sandbox_id,
+                "Runctl-Target": target,
+                "Runctl-Transfer": transfer,
+                "Runctl-Last": "1" if index == len(chunks) - 1 else "0",
+            }
+            try:
+                msg = await self.bus.nc.request(subject, chunk, timeout=300, headers=headers)
+            except nats.errors.NoRespondersError:
+                raise SandboxError(f"no sandbox service answers on {subject}") from None
+            reply = json.loads(msg.data)
+            if not reply.get("ok"):
+                raise SandboxError(reply.get("error", "upload failed"), reply.get("cause", "sandbox"))
+
+    async def download(self, sandbox: RemoteSandbox, source: str, target: Path) -> bool:
+        """Copy a file or folder out of the sandbox to ``target``; False when it does not exist there."""
+        body = {"sandbox_id": sandbox.sandbox_id, "source": source}
+        reply = await self._request(sandbox_subject("download", sandbox.instance), body, 600)
+        if not reply["found"]:
+            return False
+        parts = []
+        subject = sandbox_subject("download_chunk", sandbox.instance)
+        for index in range(reply["chunks"]):
+            last = index == reply["chunks"] - 1
+            chunk = await self._request(subject, {"transfer": reply["transfer"], "index": index, "last": last}, 120)
+            parts.append(base64.b64decode(chunk["data"]))
+        with tempfile.TemporaryDirectory(prefix="runctl-down-") as scratch:
+            extract_tar(io.BytesIO(b"".join(parts)), Path(scratch), PurePosixPath(source).name, target)
+        return True
 
     async def destroy(self, sandbox: RemoteSandbox) -> None:
         await self._request(sandbox_subject("destroy", sandbox.instance), {"sandbox_id": sandbox.sandbox_id}, 120)

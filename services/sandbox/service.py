@@ -21,13 +21,15 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import socket
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -40,7 +42,16 @@ from runctl.service import ServiceRuntime
 from runctl.subjects import event_filter, sandbox_subject
 from runctl.tasks import Task, load_task
 from services.sandbox.agents import make_agent
-from services.sandbox.backends.base import OWNER_LABEL, Backend, OwnedSandbox, Sandbox, SandboxError, SandboxSpec
+from services.sandbox.backends.base import (
+    CHUNK_BYTES,
+    OWNER_LABEL,
+    Backend,
+    OwnedSandbox,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+)
+from services.sandbox.backends.files import extract_tar, tar_of
 from services.sandbox.ledger import LedgerEntry, SandboxLedger
 from services.sandbox.trial import TrialRunner, sandbox_spec
 
@@ -122,6 +133,7 @@ class SandboxService:
         self.loop.set_default_executor(ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="sandbox"))
         self.ledger: SandboxLedger | None = None
         self.reaped = 0
+        self.transfers_dir = Path(tempfile.mkdtemp(prefix="runctl-transfers-"))
 
     # --- life -------------------------------------------------------------------------------------------------
 
@@ -133,8 +145,10 @@ class SandboxService:
         nc = bus.nc
         await nc.subscribe(sandbox_subject("create"), queue="sandbox", cb=self._handler(self._create))
         await nc.subscribe(sandbox_subject("trial"), queue="sandbox", cb=self._handler(self._trial))
-        for op, handler in (("exec", self._exec), ("destroy", self._destroy)):
+        for op, handler in (("exec", self._exec), ("destroy", self._destroy), ("download", self._download)):
             await nc.subscribe(sandbox_subject(op, self.instance), cb=self._handler(handler))
+        await nc.subscribe(sandbox_subject("download_chunk", self.instance), cb=self._handler(self._download_chunk))
+        await nc.subscribe(sandbox_subject("upload", self.instance), cb=self._upload_chunk)
         ends = [event_filter(p.event_name) for p in (RunSucceeded, RunFailed, RunCancelled)]
         await self.runtime.consume(
             ConsumerSpec(durable="sandbox-run-ends", stream=RUNS_STREAM, filter_subjects=ends), self._runs_ended
@@ -169,6 +183,7 @@ class SandboxService:
         self.pool.clear()
         if self.ledger is not None:
             await self.ledger.forget_owner(self.instance)
+        shutil.rmtree(self.transfers_dir, ignore_errors=True)
         for backend, _ in self.backends.values():
             tidy = getattr(backend, "remove_cgroup_parents", None)
             if tidy is not None:
@@ -246,6 +261,58 @@ class SandboxService:
         agent = make_agent(request.get("agent", "oracle"))
         result = await asyncio.to_thread(runner.run, task, agent, Path(request["out_dir"]), labels)
         return {"result": result.model_dump()}
+
+    # --- files, in chunks: a NATS message carries at most ~1 MB ------------------------------------------------
+
+    async def _upload_chunk(self, msg: Msg) -> None:
+        """One chunk of a tar archive (headers: sandbox, target, transfer id, last); the last one unpacks it into
+        the sandbox."""
+        headers = msg.headers or {}
+        reply: dict[str, Any] = {"ok": True}
+        try:
+            transfer = headers["Runctl-Transfer"]
+            if not re.fullmatch(r"[0-9a-f]{32}", transfer):
+                raise ValueError("Runctl-Transfer must be 32 hex digits")
+            part = self.transfers_dir / f"{transfer}.up.tar"
+            with part.open("ab") as out:
+                out.write(msg.data)
+            if headers.get("Runctl-Last") == "1":
+                backend, sandbox = self._held(headers["Runctl-Sandbox"])
+                try:
+                    await asyncio.to_thread(_unpack_into, backend, sandbox, part, headers["Runctl-Target"])
+                finally:
+                    part.unlink(missing_ok=True)
+        except SandboxError as e:
+            reply = {"ok": False, "error": e.message, "cause": e.cause}
+        except (KeyError, ValueError, OSError) as e:
+            reply = {"ok": False, "error": f"bad upload chunk: {e}", "cause": "request"}
+        if msg.reply:
+            await msg.respond(json.dumps(reply).encode())
+
+    async def _download(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Pack a path of the sandbox; the client then fetches the archive chunk by chunk."""
+        backend, sandbox = self._held(request["sandbox_id"])
+        transfer = secrets.token_hex(16)
+        archive = self.transfers_dir / f"{transfer}.down.tar"
+        found = await asyncio.to_thread(_pack_from, backend, sandbox, request["source"], archive)
+        if not found:
+            return {"found": False}
+        size = archive.stat().st_size
+        return {"found": True, "transfer": transfer, "size": size, "chunks": max(1, -(-size // CHUNK_BYTES))}
+
+    async def _download_chunk(self, request: dict[str, Any]) -> dict[str, Any]:
+        import base64
+
+        transfer, index = str(request["transfer"]), int(request["index"])
+        if not re.fullmatch(r"[0-9a-f]{32}", transfer):
+            raise ValueError("transfer must be 32 hex digits")
+        archive = self.transfers_dir / f"{transfer}.down.tar"
+        with archive.open("rb") as source:
+            source.seek(index * CHUNK_BYTES)
+            data = source.read(CHUNK_BYTES)
+        if request.get("last"):
+            archive.unlink(missing_ok=True)
+        return {"data": base64.b64encode(data).decode()}
 
     def _held(self, sandbox_id: str) -> tuple[Backend, Sandbox]:
         if sandbox_id not in self.live:
@@ -456,3 +523,22 @@ class SandboxService:
             )
             payload = self._destroyed_payload(owned.sandbox_id, backend.name, owned.labels.get(TRIAL_LABEL, ""), reason)
             await self._publish(payload, entry)
+
+
+def _unpack_into(backend: Backend, sandbox: Sandbox, archive: Path, target: str) -> None:
+    """Unpack an uploaded archive (one entry, named as the target) safely, then hand it to the backend."""
+    name = PurePosixPath(target).name
+    with tempfile.TemporaryDirectory(prefix="runctl-up-") as scratch, archive.open("rb") as data:
+        unpacked, ready = Path(scratch) / "in", Path(scratch) / "out" / name
+        unpacked.mkdir()
+        extract_tar(data, unpacked, name, ready)
+        backend.upload(sandbox, ready, target)
+
+
+def _pack_from(backend: Backend, sandbox: Sandbox, source: str, archive: Path) -> bool:
+    with tempfile.TemporaryDirectory(prefix="runctl-down-") as scratch:
+        local = Path(scratch) / PurePosixPath(source).name
+        if not backend.download(sandbox, source, local):
+            return False
+        archive.write_bytes(tar_of(local, local.name))
+    return True

@@ -95,6 +95,19 @@ def test_limits_hold(backend: DockerBackend, tmp_path: Path) -> None:
         backend.destroy(made)
 
 
+def test_a_storage_limit_the_daemon_cannot_enforce_does_not_stop_the_sandbox(backend: DockerBackend) -> None:
+    made = backend.create(spec(storage_mb=512))
+    try:
+        assert backend.exec(made, "true", 10).exit_code == 0
+        host_config = backend.client.api.inspect_container(made.handle)["HostConfig"]
+        if backend.storage_limits:  # a daemon whose storage driver has quotas enforces it
+            assert host_config["StorageOpt"] == {"size": "512M"}
+        else:  # this one refused it once (logged); later sandboxes do not ask again
+            assert not host_config.get("StorageOpt")
+    finally:
+        backend.destroy(made)
+
+
 def test_labels_list_and_destroy_owned(backend: DockerBackend) -> None:
     made = backend.create(spec(labels={"runctl.test": "docker-backend", "runctl.owner": "svc-x", "runctl.run": "r1"}))
     owned = backend.list_owned({"runctl.run": "r1"})

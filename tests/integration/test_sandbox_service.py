@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -73,6 +74,18 @@ async def test_trials_and_sandboxes_on_request(
     assert (done.exit_code, done.stdout) == (3, "hi\n")
     timed = await client.exec(sandbox, "sleep 30", 0.5)
     assert timed.timed_out
+    # Files both ways, over the bus in chunks: more than one chunk (512 KiB) each way.
+    payload = tmp_path / "payload"
+    (payload / "sub").mkdir(parents=True)
+    (payload / "sub" / "big.bin").write_bytes(os.urandom(1_300_000))
+    (payload / "run.sh").write_text("echo ran\n")
+    await client.upload(sandbox, payload, "/app/payload")
+    check = await client.exec(sandbox, "sh /app/payload/run.sh; wc -c < /app/payload/sub/big.bin", 10)
+    assert check.stdout.split() == ["ran", "1300000"]
+    await client.exec(sandbox, "cp -r /app/payload /logs/artifacts/copy", 10)
+    assert await client.download(sandbox, "/logs/artifacts/copy", tmp_path / "back")
+    assert (tmp_path / "back" / "sub" / "big.bin").read_bytes() == (payload / "sub" / "big.bin").read_bytes()
+    assert not await client.download(sandbox, "/logs/nothing", tmp_path / "none")
     await client.destroy(sandbox)
     with pytest.raises(SandboxError, match="not held"):
         await client.exec(sandbox, "true", 5)

@@ -18,6 +18,8 @@ OWNER_LABEL = "runctl.owner"
 SANDBOX_LABEL = "runctl.sandbox"
 #: Bytes of stdout and stderr an exec keeps (each); the rest is cut and the result says so.
 OUTPUT_LIMIT = 1 << 20
+#: Bytes of a file transfer per bus message (upload raw; download base64 in JSON), under NATS's 1 MB default.
+CHUNK_BYTES = 512 * 1024
 
 
 class SandboxError(Exception):

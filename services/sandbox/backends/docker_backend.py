@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
@@ -36,6 +37,7 @@ from services.sandbox.backends.execio import Capture, exec_result, kill_tree_arg
 from services.sandbox.backends.files import folder_digest
 from services.sandbox.backends.tarexec import TarOverExec
 
+log = logging.getLogger(__name__)
 IDLE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 KILL_GRACE_S = 10.0
 _HEADER = struct.Struct(">BxxxL")
@@ -63,6 +65,8 @@ class DockerBackend(TarOverExec):
             )
         self.client = docker.DockerClient(base_url=self.host, timeout=api_timeout_s)
         self._build_locks: dict[str, threading.Lock] = {}
+        self.storage_limits = True
+        """False once the daemon refused a storage limit: its storage driver cannot enforce one."""
         self._locks_guard = threading.Lock()
 
     def close(self) -> None:
@@ -157,10 +161,19 @@ class DockerBackend(TarOverExec):
             options["tmpfs"] = {"/tmp": "mode=1777,size=256m", "/logs": "mode=0777,size=256m"}
         if spec.user:
             options["user"] = spec.user
+        if spec.storage_mb and self.storage_limits:
+            options["storage_opt"] = {"size": f"{spec.storage_mb}M"}
         try:
             container = self.client.containers.run(spec.image, IDLE_COMMAND, **options)
         except docker.errors.APIError as e:
-            raise SandboxError(f"cannot start a container from {spec.image}: {e.explanation}") from None
+            if "storage_opt" not in options or "storage-opt" not in str(e.explanation):
+                raise SandboxError(f"cannot start a container from {spec.image}: {e.explanation}") from None
+            # Only overlay2 on xfs with project quotas (and a few other drivers) can cap a container's disk.
+            log.warning(
+                "the Docker daemon at %s cannot limit container storage (%s): not enforced", self.host, e.explanation
+            )
+            self.storage_limits = False
+            return self.create(spec)
         sandbox = Sandbox(spec.sandbox_id, self.name, container.id, spec)
         prepare = f"mkdir -p {quoted(spec.workdir)} /logs/agent /logs/verifier /logs/artifacts"
         result = self.exec(sandbox, prepare, 30, user="0")
