@@ -38,6 +38,7 @@ from runctl.bus.client import ConsumerSpec, Delivery
 from runctl.events import RunCancelled, RunFailed, RunSucceeded, SandboxCreated, SandboxDestroyed, new_event
 from runctl.events.envelope import Event
 from runctl.events.payloads import RUNS_STREAM
+from runctl.home import home
 from runctl.service import ServiceRuntime
 from runctl.subjects import event_filter, sandbox_subject
 from runctl.tasks import Task, load_task
@@ -133,7 +134,9 @@ class SandboxService:
         self.loop.set_default_executor(ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="sandbox"))
         self.ledger: SandboxLedger | None = None
         self.reaped = 0
-        self.transfers_dir = Path(tempfile.mkdtemp(prefix="runctl-transfers-"))
+        # Under $RUNCTL_HOME, not /tmp: an instance killed mid-transfer leaves it where the home's owner looks.
+        self.transfers_dir = home() / "transfers" / self.instance
+        self.transfers_dir.mkdir(parents=True, exist_ok=True)
 
     # --- life -------------------------------------------------------------------------------------------------
 
@@ -495,6 +498,9 @@ class SandboxService:
             gone = sandbox_id not in existing and sandbox_id not in self.pending and sandbox_id not in self.live
             if gone and (entry.owner not in alive or entry.backend in self.backends):
                 await self.ledger.remove(sandbox_id)
+        for folder in self.transfers_dir.parent.iterdir():
+            if folder.name not in alive:  # a dead instance's half-done transfers
+                shutil.rmtree(folder, ignore_errors=True)
         self.reaped += destroyed
         if destroyed:
             log.info("reaped %d orphaned sandbox(es)", destroyed)

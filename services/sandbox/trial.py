@@ -32,6 +32,7 @@ from services.sandbox.backends.execio import run_script
 FailureCause = Literal["sandbox", "model", "agent_budget", "verifier", "cancelled"]
 TerminationReason = Literal["agent_completed", "timeout", "overlong", "max_turns", "env_setup_failed", "error"]
 VERIFIER_OUTPUT = "/logs/verifier/test-stdout.txt"
+STOP_AGENT_PATIENCE_S = 30.0
 #: Stops the agent for good before verifying: every process but PID 1 (the init), the sandbox's idle loop (the
 #: first child of PID 1) and this shell is sent SIGSTOP, sweep after sweep until a sweep finds none running (a
 #: fork bomb cannot outrun it: stopped processes do not fork), then SIGKILL. Shell builtins only: it must work
@@ -188,7 +189,7 @@ class TrialRunner:
 
     def _verify(self, task: Task, sandbox: Sandbox, trial_dir: Path, result: TrialResult) -> None:
         mark = time.monotonic()
-        self.backend.exec(sandbox, STOP_AGENT, 30, user="0")
+        self._stop_agent(sandbox)
         self.backend.upload(sandbox, task.path / "tests", "/tests")
         verifier = task.config.verifier
         run = self.backend.exec(
@@ -216,6 +217,22 @@ class TrialRunner:
             result.reward_valid = True
         except RewardError as e:
             result.failure = Failure(cause="verifier", message=str(e))
+
+    def _stop_agent(self, sandbox: Sandbox) -> None:
+        """Run STOP_AGENT until it succeeds: while a fork bomb holds every pid of the sandbox, starting even one
+        process in it fails now and then, until the sweep has stopped the bomb."""
+        deadline = time.monotonic() + STOP_AGENT_PATIENCE_S
+        while True:
+            try:
+                result = self.backend.exec(sandbox, STOP_AGENT, 30, user="0")
+                if result.exit_code == 0:
+                    return
+                problem = result.stderr.strip() or f"exit code {result.exit_code}"
+            except SandboxError as e:
+                problem = e.message
+            if time.monotonic() > deadline:
+                raise SandboxError(f"could not stop the agent's processes before verifying: {problem}")
+            time.sleep(0.2)
 
     def _collect(self, sandbox: Sandbox, trial_dir: Path) -> None:
         try:

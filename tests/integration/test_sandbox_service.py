@@ -179,9 +179,10 @@ async def test_the_reaper_cleans_up_after_a_killed_service(
     await asyncio.to_thread(services.start, "sandbox")
 
     async def all_reaped() -> bool:
-        return not _owned(backend, services, scope) and not await ledger.entries()
+        transfers = list((services.home / "transfers").iterdir())  # the dead instance's folder goes too
+        return not _owned(backend, services, scope) and not await ledger.entries() and len(transfers) == 1
 
-    await async_wait_until(all_reaped, 30, "the reaper to remove every orphan and its ledger entry")
+    await async_wait_until(all_reaped, 30, "the reaper to remove every orphan, its ledger entry and transfers")
     assert time.monotonic() - started < 30
     table = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
     assert not [line for line in table.splitlines() if str(services.home) in line and not line.lstrip().startswith("Z")]
