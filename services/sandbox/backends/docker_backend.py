@@ -33,13 +33,12 @@ from services.sandbox.backends.base import (
     SandboxError,
     SandboxSpec,
 )
-from services.sandbox.backends.execio import Capture, exec_result, kill_tree_argv, quoted, split_pid, wrapped
+from services.sandbox.backends.execio import Capture, quoted
 from services.sandbox.backends.files import folder_digest
 from services.sandbox.backends.tarexec import TarOverExec
 
 log = logging.getLogger(__name__)
 IDLE_COMMAND = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
-KILL_GRACE_S = 10.0
 _HEADER = struct.Struct(">BxxxL")
 
 
@@ -220,14 +219,7 @@ class DockerBackend(TarOverExec):
         env: dict[str, str] | None = None,
         workdir: str | None = None,
     ) -> ExecResult:
-        started = time.monotonic()
-        code, out, err, timed_out = self._run(
-            sandbox.handle, wrapped(command), timeout_s, user=user, env=env, workdir=workdir
-        )
-        pid, stderr = split_pid(bytes(err.data))
-        if timed_out and pid is not None:
-            self._run(sandbox.handle, kill_tree_argv(pid), KILL_GRACE_S, user="0")
-        return exec_result(code, out, err, stderr, timed_out, started)
+        return self._timed_exec(sandbox.handle, command, timeout_s, user=user, env=env, workdir=workdir)
 
     def _run(
         self,

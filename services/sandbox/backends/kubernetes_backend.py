@@ -30,8 +30,8 @@ from services.sandbox.backends.base import (
     SandboxError,
     SandboxSpec,
 )
-from services.sandbox.backends.docker_backend import IDLE_COMMAND, KILL_GRACE_S
-from services.sandbox.backends.execio import Capture, exec_result, kill_tree_argv, quoted, split_pid, wrapped
+from services.sandbox.backends.docker_backend import IDLE_COMMAND
+from services.sandbox.backends.execio import Capture, quoted
 from services.sandbox.backends.tarexec import TarOverExec
 
 NETWORK_LABEL = "runctl.network"
@@ -232,12 +232,7 @@ class KubernetesBackend(TarOverExec):
             prefix += f"cd {quoted(workdir)} && "
         if user not in (None, "", "0", "root"):
             raise SandboxError("the kubernetes backend runs commands as the image's user; set it in the image")
-        started = time.monotonic()
-        code, out, err, timed_out = self._run(sandbox.handle, wrapped(prefix + command), timeout_s)
-        pid, stderr = split_pid(bytes(err.data))
-        if timed_out and pid is not None:
-            self._run(sandbox.handle, kill_tree_argv(pid), KILL_GRACE_S)
-        return exec_result(code, out, err, stderr, timed_out, started)
+        return self._timed_exec(sandbox.handle, prefix + command, timeout_s)
 
     def _run(
         self, pod: str, argv: list[str], timeout_s: float, *, stdin: bytes | None = None, limit: int = OUTPUT_LIMIT

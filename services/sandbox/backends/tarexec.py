@@ -1,20 +1,24 @@
-"""Files in and out of a sandbox as tar streams through exec, for backends whose exec takes stdin (docker,
-kubernetes): ``tar -x`` reads the upload from stdin, ``tar -c`` writes the download to stdout. It works on
-read-only roots and tmpfs mounts, and needs ``sh`` and ``tar`` in the image."""
+"""What backends whose sandboxes are long-lived containers (docker, kubernetes) build on their raw ``_run``:
+commands with a hard timeout that kills inside the sandbox, and files as tar streams through exec (``tar -x``
+reads the upload from stdin, ``tar -c`` writes the download to stdout), which works on read-only roots and tmpfs
+mounts, and needs ``sh`` and ``tar`` in the image."""
 
 from __future__ import annotations
 
 import io
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.sandbox.backends.base import OUTPUT_LIMIT, Sandbox, SandboxError
-from services.sandbox.backends.execio import Capture, quoted
+from services.sandbox.backends.base import ExecResult, Sandbox, SandboxError
+from services.sandbox.backends.execio import Capture, exec_result, kill_tree_argv, quoted, split_pid, wrapped
 from services.sandbox.backends.files import extract_tar, tar_of
 
 FILE_TIMEOUT_S = 300
+KILL_GRACE_S = 10.0
 DOWNLOAD_LIMIT = 1 << 30
 MISSING = 3
 
@@ -23,10 +27,18 @@ class TarOverExec:
     #: Extra options for the file-moving execs (the docker backend runs them as root).
     file_exec_options: dict[str, Any] = {}
 
-    def _run(
-        self, handle: str, argv: list[str], timeout_s: float, *, stdin: bytes | None = None, limit: int = OUTPUT_LIMIT
-    ) -> tuple[int, Capture, Capture, bool]:
-        raise NotImplementedError
+    #: argv in the sandbox: (exit code, stdout, stderr, timed out), reading until EOF or the deadline. Keyword
+    #: arguments: ``stdin`` (bytes), ``limit`` (bytes kept per stream), and the backend's own exec options.
+    _run: Callable[..., tuple[int, Capture, Capture, bool]]
+
+    def _timed_exec(self, handle: str, command: str, timeout_s: float, **options: Any) -> ExecResult:
+        """Run ``command`` under the PID-reporting wrapper; on timeout kill its tree inside the sandbox."""
+        started = time.monotonic()
+        code, out, err, timed_out = self._run(handle, wrapped(command), timeout_s, **options)
+        pid, stderr = split_pid(bytes(err.data))
+        if timed_out and pid is not None:
+            self._run(handle, kill_tree_argv(pid), KILL_GRACE_S, **self.file_exec_options)
+        return exec_result(code, out, err, stderr, timed_out, started)
 
     def upload(self, sandbox: Sandbox, source: Path, target: str) -> None:
         parent, name = os.path.split(target.rstrip("/"))
