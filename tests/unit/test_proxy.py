@@ -1,0 +1,382 @@
+"""The proxy against the in-process fake vLLM: surfaces through the official SDKs, capture, what clients see,
+sessions and their admin API, masks, failover, isolation under many sessions, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+
+from services.proxy.server import ProxyServer
+from services.proxy.trajectory import Choice, Turn, derive_sequences
+from tests.infra.fake_vllm import MODEL, FakeVLLM, logprob, render, token_ids
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeVLLM]:
+    upstream = await FakeVLLM().start()
+    yield upstream
+    await upstream.close()
+
+
+@pytest.fixture
+async def proxy(fake: FakeVLLM, tmp_path: Path) -> AsyncIterator[ProxyServer]:
+    server = ProxyServer([fake.url], trajectory_dir=tmp_path / "traj", health_interval_s=0.2, admin_token="adm")
+    await server.start()
+    assert await server.wait_ready(10)
+    yield server
+    await server.close()
+
+
+def chats(fake: FakeVLLM) -> list[dict[str, Any]]:
+    """The chat requests the upstream received (not the health probes' completions)."""
+    return [r for r in fake.requests if "messages" in r]
+
+
+def without_ids(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("id", "created")}
+
+
+async def test_chat_response_is_what_vllm_returns_and_the_turn_has_its_token_ids(
+    proxy: ProxyServer, fake: FakeVLLM
+) -> None:
+    session = proxy.open_session()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+    async with httpx.AsyncClient() as http:
+        direct = (await http.post(f"{fake.url}/v1/chat/completions", json=body)).json()
+        through = (await http.post(f"{session.openai_base_url}/chat/completions", json=body)).json()
+        flagged = (
+            await http.post(
+                f"{fake.url}/v1/chat/completions", json={**body, "logprobs": True, "return_token_ids": True}
+            )
+        ).json()
+    assert without_ids(through) == without_ids(direct)
+    assert through["choices"][0]["logprobs"] is None and through["prompt_token_ids"] is None
+    assert chats(fake)[1]["logprobs"] is True and chats(fake)[1]["return_token_ids"] is True
+    turn = proxy.trajectory(session.id)["turns"][0]  # type: ignore[index]
+    assert turn["prompt_token_ids"] == flagged["prompt_token_ids"]
+    choice = turn["choices"][0]
+    assert choice["completion_token_ids"] == flagged["choices"][0]["token_ids"]
+    assert choice["completion_logprobs"] == [e["logprob"] for e in flagged["choices"][0]["logprobs"]["content"]]
+    assert choice["finish_reason"] == "stop" and turn["messages"] == body["messages"]
+
+
+async def test_a_client_that_asks_for_logprobs_gets_them(proxy: ProxyServer) -> None:
+    session = proxy.open_session()
+    async with openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused") as client:
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True
+        )
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert [c.logprob for c in content] == [
+        logprob(t) for t in proxy.trajectory(session.id)["turns"][0]["choices"][0]["completion_token_ids"]
+    ]  # type: ignore[index]
+
+
+async def test_streaming_chat_through_the_sdk_is_unchanged_and_captured(proxy: ProxyServer, fake: FakeVLLM) -> None:
+    session = proxy.open_session()
+    messages = [{"role": "user", "content": "stream please"}]
+    async with (
+        openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused") as client,
+        openai.AsyncOpenAI(base_url=fake.url + "/v1", api_key="unused") as direct,
+    ):
+        chunks = [c async for c in await client.chat.completions.create(model=MODEL, messages=messages, stream=True)]  # type: ignore[arg-type]
+        plain = [c async for c in await direct.chat.completions.create(model=MODEL, messages=messages, stream=True)]  # type: ignore[arg-type]
+    strip = lambda c: {k: v for k, v in c.model_dump().items() if k not in ("id", "created")}  # noqa: E731
+    assert [strip(c) for c in chunks] == [strip(c) for c in plain]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    turn = proxy.trajectory(session.id)["turns"][0]  # type: ignore[index]
+    expected_prompt = token_ids(render(messages))
+    assert turn["prompt_token_ids"] == expected_prompt
+    assert turn["choices"][0]["completion_token_ids"] == token_ids(text) + [2]
+    assert turn["choices"][0]["output"]["content"] == text
+    assert turn["first_token_s"] is not None and turn["first_token_s"] <= turn["duration_s"]
+
+
+async def test_tool_calls_and_n_through_the_openai_sdk(proxy: ProxyServer) -> None:
+    session = proxy.open_session()
+    async with openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused") as client:
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "go"}], tools=TOOLS, n=3
+        )  # type: ignore[arg-type]
+        streamed = [
+            c
+            async for c in await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "go"}], tools=TOOLS, stream=True
+            )
+        ]  # type: ignore[arg-type]
+    assert len(reply.choices) == 3
+    assert all(
+        c.message.tool_calls[0].function.name == "bash" and c.finish_reason == "tool_calls" for c in reply.choices
+    )  # type: ignore[index]
+    assert any(c.choices and c.choices[0].delta.tool_calls for c in streamed)
+    turns = proxy.trajectory(session.id)["turns"]  # type: ignore[index]
+    assert len(turns[0]["choices"]) == 3
+    assert turns[1]["choices"][0]["output"]["tool_calls"][0]["function"] == {"name": "bash", "arguments": "{}"}
+
+
+async def test_completions_with_two_prompts_record_one_turn_per_prompt(proxy: ProxyServer) -> None:
+    session = proxy.open_session()
+    async with openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused") as client:
+        reply = await client.completions.create(model=MODEL, prompt=["ab", "cde"], n=2, max_tokens=30)
+        models = await client.models.list()
+    assert len(reply.choices) == 4 and all(c.logprobs is None for c in reply.choices)
+    turns = proxy.trajectory(session.id)["turns"]  # type: ignore[index]
+    assert [t["prompt_token_ids"] for t in turns] == [token_ids("ab"), token_ids("cde")]
+    assert all(
+        len(t["choices"]) == 2
+        and len(t["choices"][0]["completion_logprobs"]) == len(t["choices"][0]["completion_token_ids"])
+        for t in turns
+    )
+    assert MODEL in [m.id for m in models.data]
+
+
+async def test_anthropic_messages_plain_streaming_and_tool_use(proxy: ProxyServer, fake: FakeVLLM) -> None:
+    session = proxy.open_session()
+    tool = {"name": "bash", "description": "run", "input_schema": {"type": "object", "properties": {}}}
+    async with anthropic.AsyncAnthropic(base_url=session.anthropic_base_url, api_key="unused") as client:
+        plain = await client.messages.create(
+            model="claude-policy", max_tokens=64, system="be brief", messages=[{"role": "user", "content": "hi"}]
+        )
+        used = await client.messages.create(
+            model="claude-policy", max_tokens=64, messages=[{"role": "user", "content": "go"}], tools=[tool]
+        )  # type: ignore[list-item]
+        call = used.content[0]
+        followup = await client.messages.create(
+            model="claude-policy",
+            max_tokens=64,
+            tools=[tool],  # type: ignore[list-item]
+            messages=[
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": call.id, "name": "bash", "input": {}}]},  # type: ignore[union-attr]
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": call.id, "content": "file.txt"},
+                        {"type": "text", "text": "and now?"},
+                    ],
+                },  # type: ignore[union-attr]
+            ],
+        )
+        async with client.messages.stream(
+            model="claude-policy", max_tokens=64, messages=[{"role": "user", "content": "go"}], tools=[tool]
+        ) as stream:  # type: ignore[list-item]
+            streamed = await stream.get_final_message()
+        async with client.messages.stream(
+            model="claude-policy", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            streamed_text = await stream.get_final_message()
+        tokens = await client.messages.count_tokens(model="claude-policy", messages=[{"role": "user", "content": "hi"}])
+    assert plain.content[0].type == "text" and plain.stop_reason == "end_turn" and plain.model == "claude-policy"  # type: ignore[union-attr]
+    assert plain.usage.input_tokens == len(
+        token_ids(render([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]))
+    )
+    sent_chats = chats(fake)
+    assert sent_chats[-6]["messages"][0] == {"role": "system", "content": "be brief"}
+    assert used.stop_reason == "tool_use" and call.type == "tool_use" and call.name == "bash" and call.input == {}  # type: ignore[union-attr]
+    sent = sent_chats[-4]["messages"]
+    assert sent[1]["tool_calls"][0]["id"] == call.id and sent[2] == {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "content": "file.txt",
+    }  # type: ignore[union-attr]
+    assert sent[3] == {"role": "user", "content": "and now?"} and followup.role == "assistant"
+    assert (
+        streamed.stop_reason == "tool_use"
+        and streamed.content[0].type == "tool_use"
+        and streamed.content[0].name == "bash"
+    )  # type: ignore[union-attr]
+    text = streamed_text.content[0].text  # type: ignore[union-attr]
+    assert text.startswith("reply ") and streamed_text.stop_reason == "end_turn"
+    assert streamed_text.usage.output_tokens == len(token_ids(text)) + 1
+    assert tokens.input_tokens == len(token_ids(render([{"role": "user", "content": "hi"}])))
+    turns = proxy.trajectory(session.id)["turns"]  # type: ignore[index]
+    assert [t["surface"] for t in turns] == ["anthropic.messages"] * 5
+    assert (
+        turns[1]["choices"][0]["output"][0]["type"] == "tool_use"
+        and turns[3]["choices"][0]["output"][0]["name"] == "bash"
+    )
+    assert all(t["choices"][0]["completion_token_ids"] for t in turns)
+
+
+async def test_unknown_models_are_refused_with_the_fix(proxy: ProxyServer) -> None:
+    session = proxy.open_session()
+    async with openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused") as client:
+        with pytest.raises(openai.NotFoundError) as caught:
+            await client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+        ok = await client.chat.completions.create(
+            model=f"hosted_vllm/{MODEL}", messages=[{"role": "user", "content": "x"}]
+        )
+    assert "gpt-9" in str(caught.value) and f"ask for '{MODEL}'" in str(caught.value)
+    assert ok.choices[0].message.content
+
+
+async def test_the_admin_api_and_what_an_unknown_token_learns(proxy: ProxyServer, tmp_path: Path) -> None:
+    async with httpx.AsyncClient(base_url=proxy.url) as http:
+        assert (await http.post("/sessions", json={})).status_code == 401
+        assert (await http.post("/sessions", json={}, headers={"authorization": "Bearer wrong"})).status_code == 401
+        admin = {"authorization": "Bearer adm"}
+        created = (await http.post("/sessions", json={"metadata": {"trial": "t-7"}}, headers=admin)).json()
+        token = created["openai_base_url"].split("/sess/")[1].split("/")[0]
+        assert len(token) >= 32 and created["anthropic_base_url"] == created["openai_base_url"].removesuffix("/v1")
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+        assert (await http.post(created["openai_base_url"] + "/chat/completions", json=body)).status_code == 200
+        listed = (await http.get("/sessions", headers=admin)).json()["sessions"]
+        assert [s["id"] for s in listed] == [created["id"]] and listed[0]["metadata"] == {"trial": "t-7"}
+        live = (await http.get(f"/sessions/{created['id']}/trajectory", headers=admin)).json()
+        closed = (await http.delete(f"/sessions/{created['id']}", headers=admin)).json()
+        after = await http.post(created["openai_base_url"] + "/chat/completions", json=body)
+        unknown = await http.post("/sess/" + "A" * len(token) + "/v1/chat/completions", json=body)
+        stored = (await http.get(f"/sessions/{created['id']}/trajectory", headers=admin)).json()
+        assert (await http.delete(f"/sessions/{created['id']}", headers=admin)).status_code == 404
+        assert (await http.get("/health")).json()["replicas_up"] == 1
+    assert closed["turns"] == 1 and Path(closed["path"]) == tmp_path / "traj" / f"{created['id']}.json"
+    assert after.status_code == unknown.status_code == 404 and after.content == unknown.content
+    assert stored == orjson.loads(Path(closed["path"]).read_bytes()) and stored["turns"] == live["turns"]
+    assert stored["metadata"] == {"trial": "t-7"} and stored["closed_at"] >= stored["created_at"]
+
+
+def turn(prompt: list[int], completion: list[int], index: int = 0) -> Turn:
+    return Turn(
+        "openai.chat",
+        {},
+        prompt,
+        [Choice(0, completion, [-0.5] * len(completion), "stop")],
+        "r",
+        0.0,
+        None,
+        0.0,
+        index=index,
+    )
+
+
+def test_masks_extend_a_sequence_while_prompts_extend_it_and_start_anew_when_context_is_rewritten() -> None:
+    t0 = turn([1, 2, 3], [10, 11], 0)
+    t1 = turn([1, 2, 3, 10, 11, 20, 21], [12], 1)  # tool output 20 21, then the model's 12
+    t2 = turn([1, 2, 99, 12], [13], 2)  # the agent rewrote its context
+    sequences = derive_sequences([t0, t1, t2])
+    first, second = (s.as_dict() for s in sequences)
+    assert first["prompt_token_ids"] == [1, 2, 3]
+    assert first["response_token_ids"] == [10, 11, 20, 21, 12]
+    assert first["response_mask"] == [1, 1, 0, 0, 1]
+    assert first["response_logprobs"] == [-0.5, -0.5, 0.0, 0.0, -0.5]
+    assert first["turns"] == [[0, 0], [1, 0]]
+    assert second == {
+        "prompt_token_ids": [1, 2, 99, 12],
+        "response_token_ids": [13],
+        "response_mask": [1],
+        "response_logprobs": [-0.5],
+        "turns": [[2, 0]],
+    }
+
+
+async def test_a_multi_turn_agent_conversation_is_one_sequence_with_its_mask(proxy: ProxyServer) -> None:
+    session = proxy.open_session()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+    async with openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused") as client:
+        first = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": first.choices[0].message.tool_calls[0].id, "content": "ok"})  # type: ignore[index]
+        await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+    trajectory = await proxy.close_session(session.id)
+    assert trajectory is not None and len(trajectory["sequences"]) == 1
+    seq = trajectory["sequences"][0]
+    t0, t1 = trajectory["turns"]
+    assert seq["prompt_token_ids"] == t0["prompt_token_ids"]
+    assert (
+        seq["prompt_token_ids"] + seq["response_token_ids"]
+        == t1["prompt_token_ids"] + t1["choices"][0]["completion_token_ids"]
+    )
+    model_tokens = [t for t, m in zip(seq["response_token_ids"], seq["response_mask"], strict=True) if m == 1]
+    assert model_tokens == t0["choices"][0]["completion_token_ids"] + t1["choices"][0]["completion_token_ids"]
+    assert sum(seq["response_mask"]) < len(seq["response_mask"])  # the tool output is there, masked out
+
+
+async def test_a_dead_replica_is_taken_out_and_comes_back(fake: FakeVLLM, tmp_path: Path) -> None:
+    other = await FakeVLLM().start()
+    port = other.server.port
+    async with ProxyServer([fake.url, other.url], health_interval_s=0.1, probe_timeout_s=1.0) as proxy:
+        assert await proxy.wait_ready(10)
+        sessions = [proxy.open_session() for _ in range(8)]
+        async with httpx.AsyncClient() as http:
+
+            async def call(s: Any) -> int:
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+                return (await http.post(s.openai_base_url + "/chat/completions", json=body)).status_code
+
+            assert await asyncio.gather(*(call(s) for s in sessions)) == [200] * 8
+            assert {proxy.by_id[s.id].replica for s in sessions} == set(proxy.pool.replicas)  # both used
+            await other.close()
+            assert await asyncio.gather(*(call(s) for s in sessions for _ in range(5))) == [200] * 40
+            assert proxy.pool.replicas[f"127.0.0.1:{port}"].state == "down"
+            back = await FakeVLLM().start(port)
+            try:
+                for _ in range(100):
+                    if proxy.pool.replicas[f"127.0.0.1:{port}"].state == "up":
+                        break
+                    await asyncio.sleep(0.05)
+                assert proxy.pool.replicas[f"127.0.0.1:{port}"].state == "up"
+                metrics = (await http.get(proxy.url + "/metrics")).text
+            finally:
+                await back.close()
+    assert f'runctl_proxy_replica_up{{replica="127.0.0.1:{port}"}} 1' in metrics
+    assert 'runctl_proxy_requests_total{surface="openai.chat",code="200"} 48' in metrics
+    assert (
+        "runctl_proxy_request_seconds_bucket" in metrics and 'runctl_proxy_tokens_total{kind="completion"}' in metrics
+    )
+
+
+async def test_five_hundred_concurrent_sessions_keep_to_their_own_turns(proxy: ProxyServer) -> None:
+    sessions = [proxy.open_session({"n": i}) for i in range(500)]
+    # 20 clients of 25 connections: one client pool of 500 costs httpx quadratic time, not the proxy.
+    clients = [httpx.AsyncClient(limits=httpx.Limits(max_connections=25), timeout=60) for _ in range(20)]
+
+    async def trial(i: int) -> None:
+        url = sessions[i].openai_base_url + "/chat/completions"
+        for step in range(2):
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"session {i} step {step}"}],
+                "stream": step == 1,
+            }
+            assert (await clients[i % 20].post(url, json=body)).status_code == 200
+
+    try:
+        await asyncio.gather(*(trial(i) for i in range(500)))
+    finally:
+        for client in clients:
+            await client.aclose()
+    for i, s in enumerate(sessions):
+        trajectory = await proxy.close_session(s.id)
+        assert trajectory is not None
+        assert [t["messages"][0]["content"] for t in trajectory["turns"]] == [
+            f"session {i} step 0",
+            f"session {i} step 1",
+        ]
+        assert trajectory["turns"][0]["prompt_token_ids"] == token_ids(
+            render([{"role": "user", "content": f"session {i} step 0"}])
+        )
+
+
+async def test_a_sleeping_replica_stays_in_and_no_replica_is_a_clear_503(tmp_path: Path) -> None:
+    sleepy = await FakeVLLM(sleeping=True).start()
+    async with ProxyServer([sleepy.url], health_interval_s=0.1) as proxy:
+        assert await proxy.wait_ready(5)
+        assert next(iter(proxy.pool.replicas.values())).state == "asleep"
+        assert not [r for r in sleepy.requests if "prompt" in r]  # no completion probe while asleep
+        await sleepy.close()
+        session = proxy.open_session()
+        async with httpx.AsyncClient() as http:
+            reply = await http.post(
+                session.openai_base_url + "/chat/completions", json={"model": MODEL, "messages": []}
+            )
+    assert reply.status_code == 503 and "no vLLM replica is healthy" in reply.json()["error"]["message"]
