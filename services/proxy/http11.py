@@ -62,6 +62,11 @@ class Responder:
     def client_gone(self) -> bool:
         return self._conn.lost
 
+    def cancel_when_gone(self) -> None:
+        """Cancel the task handling this request if the client disconnects before the response is complete (so an
+        upstream call in progress is abandoned, and the upstream stops generating)."""
+        self._conn.on_lost = asyncio.current_task()
+
     def _head(self, status: int, content_type: bytes, extra: bytes, length: int | None) -> bytes:
         self.started = True
         self.status = status
@@ -115,6 +120,7 @@ class _ServerConnection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.lost = False
+        self.on_lost: asyncio.Task[object] | None = None
         self.writable = asyncio.Event()
         self.writable.set()
         self.pending: deque[Request] = deque()
@@ -133,6 +139,9 @@ class _ServerConnection(asyncio.Protocol):
         self.lost = True
         self.writable.set()
         self.server.connections.discard(self)
+        if self.on_lost is not None:
+            self.on_lost.cancel()
+            self.on_lost = None
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -199,6 +208,7 @@ class _ServerConnection(asyncio.Protocol):
                     responder.send(500, b'{"error": {"message": "internal proxy error", "type": "proxy_error"}}')
                 else:
                     responder.keep_alive = False
+            self.on_lost = None
             if self.lost:
                 break
             if not responder.keep_alive:
@@ -372,7 +382,11 @@ class _ClientConnection(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             self._more.clear()
-            await self._more.wait()
+            try:
+                await self._more.wait()
+            except asyncio.CancelledError:
+                self.abort()
+                raise
         body = b"".join(self._chunks)
         self._finish()
         return body
@@ -456,10 +470,13 @@ class UpstreamClient:
                 if e.answered:
                     raise
                 conn.abort()  # a kept-alive connection the upstream had closed: try a fresh one
+            except asyncio.CancelledError:
+                conn.abort()  # the upstream sees the disconnect and stops generating
+                raise
         conn = await self._connect()
         try:
             return await conn.send(head, body)
-        except UpstreamError:
+        except (UpstreamError, asyncio.CancelledError):
             conn.abort()
             raise
 

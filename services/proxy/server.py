@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from services.proxy import anthropic_surface as anth
-from services.proxy.http11 import HttpServer, Request, Responder, UpstreamError, UpstreamResponse
+from services.proxy.http11 import ClientGone, HttpServer, Request, Responder, UpstreamError, UpstreamResponse
 from services.proxy.metrics import Counter, Gauge, Histogram, Registry
 from services.proxy.openai_surface import (
     CHAT,
@@ -50,6 +50,7 @@ PROVIDER_PREFIXES = ("openai/", "hosted_vllm/", "vllm/", "anthropic/", "litellm_
 DEFAULT_ALIASES = ("claude-*",)  # Claude Code asks for Claude model names; they mean the policy here
 NOT_FOUND = b'{"error": {"message": "Not Found", "type": "not_found_error", "code": 404}}'
 CLOSED_KEPT = 1024
+CLIENT_GONE = 499  # the status nginx logs for "client closed the request"
 _EVERYTHING = Wants(logprobs=True, token_ids=True)
 
 
@@ -466,6 +467,7 @@ class ProxyServer:
         started, t0 = time.time(), time.perf_counter()
         code = 200
         session.idle.enter()
+        resp.cancel_when_gone()
         try:
             body = self._body(req)
             served = self.models.resolve(body.get("model"), self._learned_model())
@@ -501,6 +503,9 @@ class ProxyServer:
             session.errors += 1
             if not resp.started:
                 resp.send(e.status, openai_error(e.status, e.message, e.kind))
+        except (asyncio.CancelledError, ClientGone):
+            code = CLIENT_GONE
+            raise
         finally:
             session.idle.leave()
             self.m_requests.inc(surface, str(code))
@@ -539,6 +544,7 @@ class ProxyServer:
         started, t0 = time.time(), time.perf_counter()
         code = 200
         session.idle.enter()
+        resp.cancel_when_gone()
         try:
             body = self._body(req)
             try:
@@ -582,6 +588,9 @@ class ProxyServer:
             session.errors += 1
             if not resp.started:
                 resp.send(e.status, anth.error_body(e.status, e.message))
+        except (asyncio.CancelledError, ClientGone):
+            code = CLIENT_GONE
+            raise
         finally:
             session.idle.leave()
             self.m_requests.inc(ANTHROPIC, str(code))

@@ -148,8 +148,9 @@ def test_the_sandbox_benchmark_runs_and_prints_its_figures(docker_host: str) -> 
         ["bench/cli.py", "--repeat", "1"],
         ["bench/validate.py", "--repeat", "1"],
         ["bench/bus.py", "--rounds", "1", "--events", "300", "--rate", "200", "--duration", "1", "--warmup", "0.2"],
+        ["bench/proxy.py", "--rounds", "1", "--batch", "50", "--throughput-rounds", "1", "--seconds", "1"],
     ],
-    ids=["cli", "validate", "bus"],
+    ids=["cli", "validate", "bus", "proxy"],
 )
 def test_the_benchmarks_the_readme_names_run_and_print_their_figures(argv: list[str]) -> None:
     assert f"python {argv[0]}" in README
@@ -157,3 +158,19 @@ def test_the_benchmarks_the_readme_names_run_and_print_their_figures(argv: list[
     assert result.returncode == 0, result.stdout + result.stderr
     assert "== summary" in result.stdout
     assert "target" in result.stdout
+
+
+@pytest.mark.vllm
+def test_the_proxy_benchmark_measures_tokens_per_second_on_vllm() -> None:
+    from tests.infra import vllm_server
+
+    reason = vllm_server.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    assert "python bench/proxy.py" in README and "--vllm MODEL_DIR" in README
+    model = vllm_server.tiny_model()
+    argv = ["bench/proxy.py", "--rounds", "1", "--batch", "20", "--throughput-rounds", "1", "--seconds", "0.5"]
+    argv += ["--vllm", str(model), "--vllm-rounds", "1", "--vllm-seconds", "2"]
+    result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "vllm_tokens_ratio" in result.stdout.split("== summary")[1]

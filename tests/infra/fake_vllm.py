@@ -91,6 +91,7 @@ class FakeVLLM:
         self.delay_s = delay_s
         self.sleeping = sleeping
         self.requests: list[dict[str, Any]] = []
+        self.abandoned = 0  # requests whose client left before the (delayed) answer
         self.server = HttpServer(self.handle)
         self.record = True
 
@@ -130,6 +131,9 @@ class FakeVLLM:
                 return
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
+                if resp.client_gone:
+                    self.abandoned += 1
+                    return
             if path == "/tokenize":
                 resp.send(
                     200,

@@ -380,3 +380,28 @@ async def test_a_sleeping_replica_stays_in_and_no_replica_is_a_clear_503(tmp_pat
                 session.openai_base_url + "/chat/completions", json={"model": MODEL, "messages": []}
             )
     assert reply.status_code == 503 and "no vLLM replica is healthy" in reply.json()["error"]["message"]
+
+
+async def test_a_client_that_leaves_abandons_its_upstream_call(tmp_path: Path) -> None:
+    slow = await FakeVLLM(delay_s=0.5).start()
+    try:
+        async with ProxyServer([slow.url], health_interval_s=30, probe_timeout_s=5) as proxy:
+            assert await proxy.wait_ready(10)
+            session = proxy.open_session()
+            async with httpx.AsyncClient(timeout=0.1) as http:
+                with pytest.raises(httpx.ReadTimeout):
+                    await http.post(
+                        session.openai_base_url + "/chat/completions", json={"model": MODEL, "messages": []}
+                    )
+            for _ in range(100):
+                if slow.abandoned:
+                    break
+                await asyncio.sleep(0.02)
+            replica = next(iter(proxy.pool.replicas.values()))
+            assert slow.abandoned == 1 and replica.in_flight == 0
+            trajectory = await proxy.close_session(session.id)
+            metrics = proxy.registry.render().decode()
+    finally:
+        await slow.close()
+    assert trajectory is not None and trajectory["turns"] == []
+    assert 'runctl_proxy_requests_total{surface="openai.chat",code="499"} 1' in metrics
