@@ -184,7 +184,7 @@ def _teach(model: Any, tokenizer: Any, rng: random.Random) -> float:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        loss_value = float(loss)
+        loss_value = float(loss.detach())
     model.eval()
     return loss_value
 

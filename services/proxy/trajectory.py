@@ -41,11 +41,22 @@ class Choice:
         }
 
 
+PROMPT_FIELDS = ("messages", "system", "prompt", "tools")
+
+
 @dataclass
 class Turn:
+    """One prompt and its choices.
+
+    Stored compactly, because an agent's prompts repeat each other: a prompt that extends an earlier turn's
+    prompt and completion keeps only the tokens it adds (``prompt_extends`` names that turn and choice), and
+    messages that extend the previous turn's keep only the new ones (``messages_extends``). :func:`prompt_ids`
+    and :func:`messages` rebuild the whole of either from a trajectory.
+    """
+
     surface: str  # openai.chat, openai.completions, anthropic.messages
     request: dict[str, Any]  # the client's request as it sent it
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # the whole prompt until recorded; then only what it adds
     choices: list[Choice]
     replica: str
     started_at: float
@@ -53,6 +64,8 @@ class Turn:
     duration_s: float
     usage: dict[str, Any] | None = None
     index: int = 0
+    prompt_extends: tuple[int, int] | None = None
+    messages_extends: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         request = self.request
@@ -63,11 +76,13 @@ class Turn:
             "started_at": self.started_at,
             "first_token_s": self.first_token_s,
             "duration_s": self.duration_s,
+            "messages_extends": self.messages_extends,
             "messages": request.get("messages"),
             "system": request.get("system"),
             "prompt": request.get("prompt"),
             "tools": request.get("tools"),
-            "request": {k: v for k, v in request.items() if k not in ("messages", "system", "prompt", "tools")},
+            "request": {k: v for k, v in request.items() if k not in PROMPT_FIELDS},
+            "prompt_extends": list(self.prompt_extends) if self.prompt_extends else None,
             "prompt_token_ids": self.prompt_token_ids,
             "choices": [c.as_dict() for c in self.choices],
             "usage": self.usage,
@@ -84,18 +99,34 @@ class Sequence:
     response_logprobs: list[float] = field(default_factory=list)
     turns: list[list[int]] = field(default_factory=list)  # [turn index, choice index] per model segment
 
-    def tokens(self) -> list[int]:
-        return self.prompt_token_ids + self.response_token_ids
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.response_token_ids)
 
-    def extended(self, turn: Turn, choice: Choice) -> Sequence:
-        full = len(self.prompt_token_ids) + len(self.response_token_ids)
-        between = turn.prompt_token_ids[full:]
+    def is_prefix_of(self, prompt: list[int]) -> bool:
+        head = len(self.prompt_token_ids)
+        return (
+            len(self) <= len(prompt)
+            and prompt[:head] == self.prompt_token_ids
+            and prompt[head : len(self)] == self.response_token_ids
+        )
+
+    def extend(self, added: list[int], turn: int, choice: Choice) -> None:
+        """Append the tokens between (mask 0) and the model's (mask 1), in place."""
+        self.response_token_ids += added
+        self.response_token_ids += choice.token_ids
+        self.response_mask += [0] * len(added)
+        self.response_mask += [1] * len(choice.token_ids)
+        self.response_logprobs += [0.0] * len(added)
+        self.response_logprobs += choice.logprobs
+        self.turns.append([turn, choice.index])
+
+    def copy(self) -> Sequence:
         return Sequence(
             self.prompt_token_ids,
-            self.response_token_ids + between + choice.token_ids,
-            self.response_mask + [0] * len(between) + [1] * len(choice.token_ids),
-            self.response_logprobs + [0.0] * len(between) + list(choice.logprobs),
-            self.turns + [[turn.index, choice.index]],
+            list(self.response_token_ids),
+            list(self.response_mask),
+            list(self.response_logprobs),
+            [list(t) for t in self.turns],
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -108,24 +139,93 @@ class Sequence:
         }
 
 
-def derive_sequences(turns: list[Turn]) -> list[Sequence]:
-    """The training sequences of a session's turns (see the module docstring)."""
-    open_: list[Sequence] = []
-    for turn in turns:
+class Recorder:
+    """Turns in, compact turns and training sequences out, as the calls happen (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+        self.sequences: list[Sequence] = []
+        self._last: tuple[Any, tuple[Any, Any]] | None = None  # the previous request's messages, system and tools
+
+    def add(self, turn: Turn) -> None:
+        turn.index = len(self.turns)
         prompt = turn.prompt_token_ids
         parent: Sequence | None = None
-        best = -1
-        for seq in open_:
-            tokens = seq.tokens()
-            if len(tokens) > best and len(tokens) <= len(prompt) and prompt[: len(tokens)] == tokens:
-                parent, best = seq, len(tokens)
-        if parent is not None:
-            open_.remove(parent)
-            open_.extend(parent.extended(turn, choice) for choice in turn.choices)
+        for seq in self.sequences:
+            if (parent is None or len(seq) > len(parent)) and seq.is_prefix_of(prompt):
+                parent = seq
+        if parent is None:
+            base = Sequence(prompt)
+            added = []
         else:
-            root = Sequence(list(prompt))
-            open_.extend(root.extended(turn, choice) for choice in turn.choices)
-    return open_
+            self.sequences.remove(parent)
+            base = parent
+            added = prompt[len(parent) :]
+            last_turn, last_choice = parent.turns[-1]
+            turn.prompt_extends = (last_turn, last_choice)
+            turn.prompt_token_ids = added
+        for i, choice in enumerate(turn.choices):
+            seq = base if i == len(turn.choices) - 1 else base.copy()
+            seq.extend(added, turn.index, choice)
+            self.sequences.append(seq)
+        self._compact_messages(turn)
+        self.turns.append(turn)
+
+    def _compact_messages(self, turn: Turn) -> None:
+        """Keep only the messages a turn adds to the previous turn's (same system prompt and tools: those are then
+        inherited too)."""
+        request = turn.request
+        messages = request.get("messages")
+        frame = (request.get("system"), request.get("tools"))
+        previous, self._last = self._last, (messages, frame)
+        if previous is None or not isinstance(messages, list) or not isinstance(previous[0], list):
+            return
+        before, before_frame = previous
+        if frame == before_frame and len(before) <= len(messages) and messages[: len(before)] == before:
+            kept = {k: v for k, v in request.items() if k not in ("system", "tools")}
+            kept["messages"] = messages[len(before) :]
+            turn.request = kept
+            turn.messages_extends = self.turns[-1].index
+
+
+def derive_sequences(turns: list[Turn]) -> list[Sequence]:
+    """The training sequences of whole (not yet recorded) turns; :class:`Recorder` does the same as they come."""
+    recorder = Recorder()
+    for turn in turns:
+        recorder.add(turn)
+    return recorder.sequences
+
+
+def prompt_ids(trajectory: dict[str, Any], index: int) -> list[int]:
+    """The whole prompt token ids of turn ``index`` of a trajectory (as written or served)."""
+    turns = trajectory["turns"]
+    parts: list[list[int]] = []
+    while True:
+        turn = turns[index]
+        parts.append(turn["prompt_token_ids"])
+        if turn["prompt_extends"] is None:
+            break
+        index, choice = turn["prompt_extends"]
+        parts.append(turns[index]["choices"][choice]["completion_token_ids"])
+    return [t for part in reversed(parts) for t in part]
+
+
+def prompt_request(trajectory: dict[str, Any], index: int) -> dict[str, Any]:
+    """The whole ``messages``, ``system`` and ``tools`` the client sent in turn ``index`` of a trajectory."""
+    turns = trajectory["turns"]
+    chain: list[list[Any]] = []
+    while True:
+        turn = turns[index]
+        chain.append(turn["messages"] or [])
+        if turn["messages_extends"] is None:
+            break
+        index = turn["messages_extends"]
+    root = turns[index]
+    return {
+        "messages": [m for part in reversed(chain) for m in part],
+        "system": root["system"],
+        "tools": root["tools"],
+    }
 
 
 class Session:
@@ -137,17 +237,19 @@ class Session:
         self.metadata = metadata or {}
         self.created_at = time.time()
         self.closed_at: float | None = None
-        self.turns: list[Turn] = []
+        self.recorder = Recorder()
         self.replica: str | None = None
         self.errors = 0
         self.idle = _Idle()
 
+    @property
+    def turns(self) -> list[Turn]:
+        return self.recorder.turns
+
     def add_turn(self, turn: Turn) -> None:
-        turn.index = len(self.turns)
-        self.turns.append(turn)
+        self.recorder.add(turn)
 
     def trajectory(self) -> dict[str, Any]:
-        sequences = derive_sequences(self.turns)
         return {
             "session": self.id,
             "metadata": self.metadata,
@@ -155,7 +257,7 @@ class Session:
             "closed_at": self.closed_at,
             "errors": self.errors,
             "turns": [t.as_dict() for t in self.turns],
-            "sequences": [s.as_dict() for s in sequences],
+            "sequences": [s.as_dict() for s in self.recorder.sequences],
         }
 
 

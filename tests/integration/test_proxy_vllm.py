@@ -161,3 +161,36 @@ async def test_no_request_is_lost_when_a_replica_dies_mid_run(model: Path, repli
     )
     assert all(code == 200 for _, code in outcomes), f"lost: {[o for o in outcomes if o[1] != 200]}"
     assert states[second.url.removeprefix("http://")] == "down" and states[replica.url.removeprefix("http://")] == "up"
+
+
+async def test_five_hundred_concurrent_sessions_on_vllm_keep_to_their_own_turns(proxy: ProxyServer) -> None:
+    sessions = [proxy.open_session({"n": i}) for i in range(500)]
+    clients = [httpx.AsyncClient(limits=httpx.Limits(max_connections=25), timeout=300) for _ in range(20)]
+
+    async def trial(i: int) -> None:
+        url = sessions[i].openai_base_url + "/chat/completions"
+        for step in range(2):
+            content = f"session {i} step {step}"
+            body = {
+                "model": SERVED_NAME,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": 4,
+                "stream": step == 1,
+            }
+            reply = await clients[i % 20].post(url, json=body)
+            assert reply.status_code == 200, reply.text
+
+    try:
+        await asyncio.gather(*(trial(i) for i in range(500)))
+    finally:
+        for client in clients:
+            await client.aclose()
+    prompts: set[tuple[int, ...]] = set()
+    for i, s in enumerate(sessions):
+        trajectory = await proxy.close_session(s.id)
+        assert trajectory is not None and trajectory["metadata"] == {"n": i}
+        turns = trajectory["turns"]
+        assert [t["messages"][0]["content"] for t in turns] == [f"session {i} step 0", f"session {i} step 1"]
+        assert all(t["choices"][0]["completion_token_ids"] for t in turns)
+        prompts.update(tuple(t["prompt_token_ids"]) for t in turns)
+    assert len(prompts) == 1000  # every turn's prompt is its own: no turn recorded in another session

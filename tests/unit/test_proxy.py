@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from services.proxy.server import ProxyServer
-from services.proxy.trajectory import Choice, Turn, derive_sequences
+from services.proxy.trajectory import Choice, Recorder, Turn, derive_sequences, prompt_ids, prompt_request
 from tests.infra.fake_vllm import MODEL, FakeVLLM, logprob, render, token_ids
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
@@ -291,14 +291,24 @@ async def test_a_multi_turn_agent_conversation_is_one_sequence_with_its_mask(pro
     assert trajectory is not None and len(trajectory["sequences"]) == 1
     seq = trajectory["sequences"][0]
     t0, t1 = trajectory["turns"]
-    assert seq["prompt_token_ids"] == t0["prompt_token_ids"]
+    full_second_prompt = token_ids(render(messages, TOOLS))
+    assert prompt_ids(trajectory, 1) == full_second_prompt
+    assert seq["prompt_token_ids"] == t0["prompt_token_ids"] == prompt_ids(trajectory, 0)
     assert (
         seq["prompt_token_ids"] + seq["response_token_ids"]
-        == t1["prompt_token_ids"] + t1["choices"][0]["completion_token_ids"]
+        == full_second_prompt + t1["choices"][0]["completion_token_ids"]
     )
     model_tokens = [t for t, m in zip(seq["response_token_ids"], seq["response_mask"], strict=True) if m == 1]
     assert model_tokens == t0["choices"][0]["completion_token_ids"] + t1["choices"][0]["completion_token_ids"]
     assert sum(seq["response_mask"]) < len(seq["response_mask"])  # the tool output is there, masked out
+    # stored compactly: the second turn keeps only what it adds, and the whole is rebuilt from the chain
+    assert (
+        t1["prompt_extends"] == [0, 0]
+        and t1["prompt_token_ids"]
+        == full_second_prompt[len(t0["prompt_token_ids"]) + len(t0["choices"][0]["completion_token_ids"]) :]
+    )
+    assert t1["messages_extends"] == 0 and len(t1["messages"]) == 2 and t1["tools"] is None
+    assert prompt_request(trajectory, 1) == {"messages": messages, "system": None, "tools": TOOLS}
 
 
 async def test_a_dead_replica_is_taken_out_and_comes_back(fake: FakeVLLM, tmp_path: Path) -> None:
@@ -405,3 +415,17 @@ async def test_a_client_that_leaves_abandons_its_upstream_call(tmp_path: Path) -
         await slow.close()
     assert trajectory is not None and trajectory["turns"] == []
     assert 'runctl_proxy_requests_total{surface="openai.chat",code="499"} 1' in metrics
+
+
+def test_a_long_agent_session_is_stored_in_linear_space() -> None:
+    recorder = Recorder()
+    context: list[int] = list(range(1000))
+    for i in range(200):
+        completion = [5000 + i] * 20
+        recorder.add(turn(list(context), completion, i))
+        context += completion + [7000 + i] * 30  # the model's tokens, then a tool's output
+    stored = sum(len(t.prompt_token_ids) for t in recorder.turns)
+    assert stored == 1000 + 199 * 30  # not the 200 whole prompts (about 5 million tokens)
+    assert len(recorder.sequences) == 1 and len(recorder.sequences[0]) == len(context) - 30
+    trajectory = {"turns": [t.as_dict() for t in recorder.turns]}
+    assert prompt_ids(trajectory, 199) == context[: len(context) - 50]
