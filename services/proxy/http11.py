@@ -172,6 +172,11 @@ class _ServerConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
 
+    def on_headers_complete(self) -> None:
+        # curl and others wait (a second, for curl) for this before sending a large body
+        if self._headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
         if self._size > MAX_BODY_BYTES:

@@ -34,15 +34,19 @@ TerminationReason = Literal["agent_completed", "timeout", "overlong", "max_turns
 VERIFIER_OUTPUT = "/logs/verifier/test-stdout.txt"
 STOP_AGENT_PATIENCE_S = 30.0
 #: Stops the agent for good before verifying: every process but PID 1 (the init), the sandbox's idle loop (the
-#: first child of PID 1) and this shell is sent SIGSTOP, sweep after sweep until a sweep finds none running (a
-#: fork bomb cannot outrun it: stopped processes do not fork), then SIGKILL. Shell builtins only: it must work
-#: when no process can be forked. Then /logs/verifier is emptied, so no planted reward survives.
+#: child of PID 1 that started first: a fork bomb may have wrapped the pid numbers) and this shell is sent SIGSTOP,
+#: sweep after sweep until a sweep finds none running (a fork bomb cannot outrun it: stopped processes do not fork),
+#: then SIGKILL until none runs. Shell builtins only: it must work when no process can be forked. Then
+#: /logs/verifier is emptied, so no planted reward survives. A killed process holds its pid until the init reaps it,
+#: so the runner then waits, from outside and spending none of the sandbox's CPU, until a process can start again.
 STOP_AGENT = r"""
-idle=""
+idle=""; born=""
 for f in /proc/[0-9]*/stat; do
   { read -r s < "$f"; } 2>/dev/null || continue
   rest=${s##*) }; set -- $rest; p=${f#/proc/}; p=${p%/stat}
-  if [ "$2" = 1 ] && { [ -z "$idle" ] || [ "$p" -lt "$idle" ]; }; then idle=$p; fi
+  if [ "$2" = 1 ] && { [ -z "$born" ] || [ "${20}" -lt "$born" ]; }; then
+    idle=$p; born=${20}
+  fi
 done
 sweep() {
   action=$1; n=0
@@ -51,14 +55,17 @@ sweep() {
     p=${f#/proc/}; p=${p%/stat}
     [ "$p" = 1 ] || [ "$p" = "$idle" ] || [ "$p" = "$$" ] || {
       rest=${s##*) }; set -- $rest
-      if [ "$action" = KILL ]; then kill -9 "$p" 2>/dev/null; n=$((n + 1));
+      if [ "$action" = KILL ]; then
+        [ "$1" = Z ] || { kill -9 "$p" 2>/dev/null; n=$((n + 1)); }
       elif [ "$1" != T ] && [ "$1" != Z ]; then kill -STOP "$p" 2>/dev/null; n=$((n + 1)); fi
     }
   done
 }
 i=0
 while [ $i -lt 100 ]; do sweep STOP; [ $n = 0 ] && break; i=$((i + 1)); done
-sweep KILL
+i=0
+while [ $i -lt 100 ]; do sweep KILL; [ $n = 0 ] && break; i=$((i + 1)); done
+[ $n = 0 ] || { echo "$n processes still run after SIGKILL" >&2; exit 1; }
 rm -rf /logs/verifier && mkdir -p /logs/verifier && chmod 777 /logs/verifier
 """
 
@@ -222,12 +229,17 @@ class TrialRunner:
         """Run STOP_AGENT until it succeeds: while a fork bomb holds every pid of the sandbox, starting even one
         process in it fails now and then, until the sweep has stopped the bomb."""
         deadline = time.monotonic() + STOP_AGENT_PATIENCE_S
+        stopped = False
         while True:
             try:
-                result = self.backend.exec(sandbox, STOP_AGENT, 30, user="0")
-                if result.exit_code == 0:
-                    return
-                problem = result.stderr.strip() or f"exit code {result.exit_code}"
+                if not stopped:
+                    result = self.backend.exec(sandbox, STOP_AGENT, 30, user="0")
+                    stopped = result.exit_code == 0
+                    problem = result.stderr.strip() or f"exit code {result.exit_code}"
+                if stopped:
+                    if self.backend.exec(sandbox, "true", 10, user="0").exit_code == 0:
+                        return
+                    problem = "the killed processes still hold every pid (the init has not reaped them yet)"
             except SandboxError as e:
                 problem = e.message
             if time.monotonic() > deadline:

@@ -429,3 +429,20 @@ def test_a_long_agent_session_is_stored_in_linear_space() -> None:
     assert len(recorder.sequences) == 1 and len(recorder.sequences[0]) == len(context) - 30
     trajectory = {"turns": [t.as_dict() for t in recorder.turns]}
     assert prompt_ids(trajectory, 199) == context[: len(context) - 50]
+
+
+async def test_a_client_that_expects_100_continue_is_not_kept_waiting(proxy: ProxyServer) -> None:
+    session = proxy.open_session()
+    body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 4000}]})
+    path = "/" + session.openai_base_url.split("/", 3)[3] + "/chat/completions"
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    writer.write(head.encode() + b"expect: 100-continue\r\n\r\n")
+    await writer.drain()
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 1.0)  # not the second curl would wait
+    writer.write(body)
+    await writer.drain()
+    final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    writer.close()
+    await writer.wait_closed()
+    assert interim.startswith(b"HTTP/1.1 100 Continue") and final.startswith(b"HTTP/1.1 200")
