@@ -189,17 +189,29 @@ def _teach(model: Any, tokenizer: Any, rng: random.Random) -> float:
     return loss_value
 
 
-def is_made(folder: Path) -> bool:
-    """True when ``folder`` holds a model made by this version of this module."""
+#: Network shapes: the taught chat model, and an untaught larger one whose forward pass dominates generation time
+#: as a real policy's does (for measuring what serving overheads cost per generated token).
+SHAPES = {
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4},
+    "bench": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8},
+}
+
+
+def is_made(folder: Path, shape: str = "tiny") -> bool:
+    """True when ``folder`` holds a model of ``shape`` made by this version of this module."""
     try:
-        return bool(json.loads((folder / STAMP).read_text()).get("version") == VERSION)
+        stamp = json.loads((folder / STAMP).read_text())
     except (OSError, ValueError):
         return False
+    return bool(stamp.get("version") == VERSION and stamp.get("shape", "tiny") == shape)
 
 
-def make(folder: Path) -> Path:
-    """Write the tiny model and its tokenizer into ``folder`` (created), unless already there. Returns ``folder``."""
-    if is_made(folder):
+def make(folder: Path, shape: str = "tiny") -> Path:
+    """Write the model and its tokenizer into ``folder`` (created), unless already there. Returns ``folder``.
+
+    ``shape`` is ``tiny`` (taught the chat format) or ``bench`` (about 28M parameters, random weights).
+    """
+    if is_made(folder, shape):
         return folder
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -230,13 +242,14 @@ def make(folder: Path) -> Path:
     tokenizer.save_pretrained(folder)
 
     torch.manual_seed(SEED)
+    dims = SHAPES[shape]
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        hidden_size=dims["hidden_size"],
+        intermediate_size=dims["intermediate_size"],
+        num_hidden_layers=dims["num_hidden_layers"],
+        num_attention_heads=dims["num_attention_heads"],
+        num_key_value_heads=dims["num_attention_heads"],
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=None,
@@ -245,12 +258,13 @@ def make(folder: Path) -> Path:
         dtype="float32",
     )
     model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
-    loss = _teach(model, tokenizer, rng)
+    loss = _teach(model, tokenizer, rng) if shape == "tiny" else None
     model.generation_config.eos_token_id = config.eos_token_id
     model.save_pretrained(folder, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())
     (folder / STAMP).write_text(
-        json.dumps({"version": VERSION, "parameters": params, "teach_loss": round(loss, 4)}) + "\n"
+        json.dumps({"version": VERSION, "shape": shape, "parameters": params, "teach_loss": loss and round(loss, 4)})
+        + "\n"
     )
     return folder
 
@@ -258,8 +272,9 @@ def make(folder: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runctl.tinymodel", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="where to write the model")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="tiny (taught chat model) or bench")
     args = parser.parse_args(argv)
-    made = make(args.folder)
+    made = make(args.folder, args.shape)
     print(made)
     return 0
 

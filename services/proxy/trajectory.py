@@ -139,35 +139,47 @@ class Sequence:
         }
 
 
+RECENT_SEQUENCES = 64
+
+
 class Recorder:
-    """Turns in, compact turns and training sequences out, as the calls happen (see the module docstring)."""
+    """Turns in, compact turns and training sequences out, as the calls happen (see the module docstring).
+
+    A turn may extend any of the session's ``RECENT_SEQUENCES`` most recently extended sequences (an agent and its
+    sub-agents interleave a few at a time), so recording costs the same at the ten-thousandth turn as at the first.
+    """
 
     def __init__(self) -> None:
         self.turns: list[Turn] = []
         self.sequences: list[Sequence] = []
+        self._recent: list[Sequence] = []
         self._last: tuple[Any, tuple[Any, Any]] | None = None  # the previous request's messages, system and tools
 
     def add(self, turn: Turn) -> None:
         turn.index = len(self.turns)
         prompt = turn.prompt_token_ids
         parent: Sequence | None = None
-        for seq in self.sequences:
+        for seq in self._recent:
             if (parent is None or len(seq) > len(parent)) and seq.is_prefix_of(prompt):
                 parent = seq
+        added: list[int] = []
         if parent is None:
             base = Sequence(prompt)
-            added = []
+            self.sequences.append(base)
         else:
-            self.sequences.remove(parent)
+            self._recent.remove(parent)
             base = parent
             added = prompt[len(parent) :]
             last_turn, last_choice = parent.turns[-1]
             turn.prompt_extends = (last_turn, last_choice)
             turn.prompt_token_ids = added
         for i, choice in enumerate(turn.choices):
-            seq = base if i == len(turn.choices) - 1 else base.copy()
+            seq = base if i == len(turn.choices) - 1 else base.copy()  # copies before the base is extended
+            if seq is not base:
+                self.sequences.append(seq)
             seq.extend(added, turn.index, choice)
-            self.sequences.append(seq)
+            self._recent.append(seq)
+        del self._recent[:-RECENT_SEQUENCES]
         self._compact_messages(turn)
         self.turns.append(turn)
 

@@ -170,7 +170,7 @@ def test_the_proxy_benchmark_measures_tokens_per_second_on_vllm() -> None:
     assert "python bench/proxy.py" in README and "--vllm MODEL_DIR" in README
     model = vllm_server.tiny_model()
     argv = ["bench/proxy.py", "--rounds", "1", "--batch", "20", "--throughput-rounds", "1", "--seconds", "0.5"]
-    argv += ["--vllm", str(model), "--vllm-rounds", "1", "--vllm-seconds", "2"]
+    argv += ["--vllm", str(model), "--vllm-rounds", "1", "--vllm-requests", "16", "--vllm-tokens", "16"]
     result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "vllm_tokens_ratio" in result.stdout.split("== summary")[1]
