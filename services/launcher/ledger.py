@@ -11,9 +11,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import nats.js.errors
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from runctl.bus import Bus
+from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.subjects import kv_bucket
 
 BUCKET = kv_bucket("launcher")
@@ -29,16 +31,13 @@ class LedgerEntry:
 
 
 class Ledger:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, js: JetStreamContext) -> None:
         self.kv = kv
+        self.js = js
 
     @classmethod
     async def open(cls, bus: Bus) -> Ledger:
-        try:
-            kv = await bus.js.key_value(BUCKET)
-        except nats.js.errors.BucketNotFoundError:
-            kv = await bus.js.create_key_value(bucket=BUCKET, history=1)
-        return cls(kv)
+        return cls(await open_bucket(bus.js, BUCKET), bus.js)
 
     async def get(self, run_id: str) -> LedgerEntry | None:
         try:
@@ -54,12 +53,8 @@ class Ledger:
 
     async def active(self) -> dict[str, LedgerEntry]:
         """Every run admitted and not yet ended."""
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return {}
         found: dict[str, LedgerEntry] = {}
-        for key in keys:
+        for key in await bucket_keys(self.js, BUCKET):
             entry = await self.get(key)
             if entry is not None and entry.state == "active":
                 found[key] = entry

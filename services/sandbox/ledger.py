@@ -16,6 +16,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from runctl.bus import Bus
+from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.subjects import kv_bucket
 
 BUCKET = kv_bucket("sandboxes")
@@ -40,21 +41,10 @@ class SandboxLedger:
 
     @classmethod
     async def open(cls, bus: Bus) -> SandboxLedger:
-        try:
-            kv = await bus.js.key_value(BUCKET)
-        except nats.js.errors.BucketNotFoundError:
-            try:
-                kv = await bus.js.create_key_value(bucket=BUCKET, history=1)
-            except nats.js.errors.BadRequestError:  # another instance made it first
-                kv = await bus.js.key_value(BUCKET)
-        return cls(kv, bus.js)
+        return cls(await open_bucket(bus.js, BUCKET), bus.js)
 
     async def _keys(self, prefix: str) -> list[str]:
-        # From the stream's subject counts, not KeyValue.keys(): that makes a consumer per call and never
-        # removes it, and its key filters return nothing. Deleted keys are listed too; get() skips them.
-        info = await self.js.stream_info(f"KV_{BUCKET}", subjects_filter=f"$KV.{BUCKET}.{prefix}.>")
-        subjects = info.state.subjects or {}
-        return [subject.removeprefix(f"$KV.{BUCKET}.") for subject in subjects]
+        return await bucket_keys(self.js, BUCKET, prefix)
 
     async def _get(self, key: str) -> bytes | None:
         try:
