@@ -52,6 +52,14 @@ def _logprob_values(surface: str, logprobs: Any) -> list[float]:
     return [v if v is not None else 0.0 for v in logprobs.get("token_logprobs") or ()]
 
 
+def _add_choice(groups: list[tuple[list[int], list[Choice]]], prompt: list[int], choice: Choice) -> None:
+    """Choices of the same prompt (``n`` > 1) form one turn; each further prompt of a request starts another."""
+    if groups and groups[-1][0] == prompt:
+        groups[-1][1].append(choice)
+    else:
+        groups.append((prompt, [choice]))
+
+
 def read_response(surface: str, obj: dict[str, Any], wants: Wants) -> list[tuple[list[int], list[Choice]]]:
     """The (prompt token ids, choices) of a whole response, one pair per prompt; hides what the client did not
     ask for, in place."""
@@ -67,10 +75,7 @@ def read_response(surface: str, obj: dict[str, Any], wants: Wants) -> list[tuple
             output,
         )
         prompt = chat_prompt if surface == CHAT else (c.get("prompt_token_ids") or [])
-        if groups and groups[-1][0] == prompt:
-            groups[-1][1].append(choice)
-        else:
-            groups.append((prompt, [choice]))
+        _add_choice(groups, prompt, choice)
         if not wants.token_ids:
             c["token_ids"] = None
             if surface == COMPLETIONS:
@@ -185,10 +190,7 @@ class StreamCapture:
                 output = text
                 prompt = part.prompt_token_ids if part.prompt_token_ids is not None else self.prompt_token_ids
             choice = Choice(index, part.token_ids, part.logprobs, part.finish_reason, output)
-            if groups and groups[-1][0] == prompt:
-                groups[-1][1].append(choice)
-            else:
-                groups.append((prompt, [choice]))
+            _add_choice(groups, prompt, choice)
         return groups
 
 

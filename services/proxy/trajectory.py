@@ -11,6 +11,7 @@ retry of the same prompt) starts a new sequence, so no token is ever trained und
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import time
@@ -278,7 +279,7 @@ class _Idle:
 
     def __init__(self) -> None:
         self.count = 0
-        self._waiters: list[Any] = []
+        self._waiters: list[asyncio.Future[None]] = []
 
     def enter(self) -> None:
         self.count += 1
@@ -292,8 +293,6 @@ class _Idle:
             self._waiters.clear()
 
     async def wait(self, timeout_s: float) -> bool:
-        import asyncio
-
         if self.count == 0:
             return True
         waiter = asyncio.get_running_loop().create_future()
