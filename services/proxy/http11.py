@@ -284,6 +284,13 @@ class UpstreamError(Exception):
         self.answered = answered
 
 
+class UpstreamTimeout(UpstreamError):
+    """No response headers within the time allowed (the upstream may still be working on it: not retried)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, answered=True)
+
+
 class UpstreamResponse:
     """A response whose status and headers have arrived; read the body whole or as it comes."""
 
@@ -321,6 +328,7 @@ class _ClientConnection(asyncio.Protocol):
         self._complete = False
         self._error: UpstreamError | None = None
         self._keep_alive = True
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -344,6 +352,9 @@ class _ClientConnection(asyncio.Protocol):
         self.headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.status = self.parser.get_status_code()
         self._keep_alive = self.parser.should_keep_alive()
         if self._headers_done is not None and not self._headers_done.done():
@@ -368,7 +379,14 @@ class _ClientConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def send(self, head: bytes, body: bytes) -> UpstreamResponse:
+    def _timed_out(self, timeout_s: float) -> None:
+        # On the loop, like the parser callbacks: either the headers came first (and this timer was cancelled) or
+        # the request fails here and its connection is closed. No response can be dropped with its socket open.
+        self._timer = None
+        self._fail(UpstreamTimeout(f"no answer within {timeout_s:g}s"))
+        self.abort()
+
+    async def send(self, head: bytes, body: bytes, timeout_s: float | None = None) -> UpstreamResponse:
         self.busy = True
         self.status = 0
         self.headers = {}
@@ -377,9 +395,18 @@ class _ClientConnection(asyncio.Protocol):
         self._more.clear()
         self._complete = False
         self._error = None
-        self._headers_done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._headers_done = loop.create_future()
+        if timeout_s is not None:
+            self._timer = loop.call_later(timeout_s, self._timed_out, timeout_s)
         self.transport.write(head + body)  # type: ignore[union-attr]
-        await self._headers_done
+        try:
+            await self._headers_done
+        except BaseException:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            raise
         return UpstreamResponse(self)
 
     async def read_all(self) -> bytes:
@@ -435,13 +462,19 @@ class UpstreamClient:
 
     async def _connect(self) -> _ClientConnection:
         loop = asyncio.get_running_loop()
+        attempt = asyncio.ensure_future(loop.create_connection(lambda: _ClientConnection(self), self.host, self.port))
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(self), self.host, self.port),
-                self.connect_timeout_s,
-            )
-        except (OSError, TimeoutError) as e:
-            raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {e or 'timed out'}", False) from e
+            done, _ = await asyncio.wait({attempt}, timeout=self.connect_timeout_s)
+        except asyncio.CancelledError:
+            _abandon(attempt)
+            raise
+        if not done:
+            _abandon(attempt)
+            raise UpstreamError(f"cannot connect to {self.host}:{self.port}: timed out", False)
+        try:
+            _, conn = attempt.result()
+        except OSError as e:
+            raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {e}", False) from e
         return conn
 
     def release(self, conn: _ClientConnection) -> None:
@@ -451,11 +484,17 @@ class UpstreamClient:
             conn.abort()
 
     async def request(
-        self, method: str, path: str, body: bytes = b"", content_type: bytes = b"application/json"
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        content_type: bytes = b"application/json",
+        timeout_s: float | None = None,
     ) -> UpstreamResponse:
-        """Send a request; returns once the status and headers are in.
+        """Send a request; returns once the status and headers are in (within ``timeout_s``, when given).
 
         Raises:
+            UpstreamTimeout: no headers in time (the connection is closed).
             UpstreamError: the transport failed; ``answered`` says whether any response byte had arrived.
         """
         head = b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
@@ -470,7 +509,7 @@ class UpstreamClient:
             if conn.lost:
                 continue
             try:
-                return await conn.send(head, body)
+                return await conn.send(head, body, timeout_s)
             except UpstreamError as e:
                 if e.answered:
                     raise
@@ -480,7 +519,7 @@ class UpstreamClient:
                 raise
         conn = await self._connect()
         try:
-            return await conn.send(head, body)
+            return await conn.send(head, body, timeout_s)
         except (UpstreamError, asyncio.CancelledError):
             conn.abort()
             raise
@@ -489,3 +528,14 @@ class UpstreamClient:
         for conn in self._idle:
             conn.abort()
         self._idle.clear()
+
+
+def _abandon(attempt: asyncio.Future[tuple[asyncio.Transport, _ClientConnection]]) -> None:
+    """Cancel a connection attempt; if it completes anyway, close what it opened."""
+
+    def close(done: asyncio.Future[tuple[asyncio.Transport, _ClientConnection]]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result()[0].close()
+
+    attempt.add_done_callback(close)
+    attempt.cancel()

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from services.proxy.http11 import UpstreamClient, UpstreamError
+from services.proxy.http11 import UpstreamClient, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class ReplicaPool:
         """One health probe of one replica; updates its state."""
         replica.checked_at = time.time()
         try:
-            resp = await asyncio.wait_for(replica.client.request("GET", "/health"), self.probe_timeout_s)
+            resp = await replica.client.request("GET", "/health", timeout_s=self.probe_timeout_s)
             await resp.read()
             if resp.status != 200:
                 raise UpstreamError(f"/health answered {resp.status}", True)
@@ -183,14 +183,12 @@ class ReplicaPool:
                 return
             if self.probe_completion and replica.served_model:
                 body = orjson.dumps({"model": replica.served_model, "prompt": "ok", "max_tokens": 1})
-                resp = await asyncio.wait_for(
-                    replica.client.request("POST", "/v1/completions", body), self.probe_timeout_s
-                )
+                resp = await replica.client.request("POST", "/v1/completions", body, timeout_s=self.probe_timeout_s)
                 await resp.read()
                 if resp.status != 200:
                     raise UpstreamError(f"a one-token completion answered {resp.status}", True)
             self._mark_up(replica)
-        except TimeoutError:
+        except UpstreamTimeout:
             replica.failures += 1
             replica.last_error = f"health probe timed out after {self.probe_timeout_s:g}s"
             if replica.failures >= self.fail_after:
@@ -199,7 +197,7 @@ class ReplicaPool:
             self.mark_down(replica, str(e))
 
     async def _asleep(self, replica: Replica) -> bool:
-        resp = await asyncio.wait_for(replica.client.request("GET", "/is_sleeping"), self.probe_timeout_s)
+        resp = await replica.client.request("GET", "/is_sleeping", timeout_s=self.probe_timeout_s)
         body = await resp.read()
         if resp.status != 200:
             return False
@@ -209,7 +207,7 @@ class ReplicaPool:
             return False
 
     async def _served_model(self, replica: Replica) -> str | None:
-        resp = await asyncio.wait_for(replica.client.request("GET", "/v1/models"), self.probe_timeout_s)
+        resp = await replica.client.request("GET", "/v1/models", timeout_s=self.probe_timeout_s)
         body = await resp.read()
         try:
             data = orjson.loads(body).get("data") or []

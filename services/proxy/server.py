@@ -29,7 +29,15 @@ from typing import Any
 import orjson
 
 from services.proxy import anthropic_surface as anth
-from services.proxy.http11 import ClientGone, HttpServer, Request, Responder, UpstreamError, UpstreamResponse
+from services.proxy.http11 import (
+    ClientGone,
+    HttpServer,
+    Request,
+    Responder,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
 from services.proxy.metrics import Counter, Gauge, Histogram, Registry
 from services.proxy.openai_surface import (
     CHAT,
@@ -402,7 +410,12 @@ class ProxyServer:
                 raise ProxyError(503, str(e), "service_unavailable") from e
             replica.in_flight += 1
             try:
-                upstream = await asyncio.wait_for(replica.client.request("POST", path, body), self.request_timeout_s)
+                upstream = await replica.client.request("POST", path, body, timeout_s=self.request_timeout_s)
+            except UpstreamTimeout as e:
+                replica.in_flight -= 1
+                raise ProxyError(
+                    504, f"replica {replica.name} did not answer within {self.request_timeout_s:g}s", "timeout"
+                ) from e
             except UpstreamError as e:
                 replica.in_flight -= 1
                 if e.answered:
@@ -411,11 +424,6 @@ class ProxyServer:
                 tried.add(replica.name)
                 self.m_failovers.inc()
                 continue
-            except TimeoutError as e:
-                replica.in_flight -= 1
-                raise ProxyError(
-                    504, f"replica {replica.name} did not answer within {self.request_timeout_s:g}s", "timeout"
-                ) from e
             except BaseException:
                 replica.in_flight -= 1
                 raise

@@ -446,3 +446,23 @@ async def test_a_client_that_expects_100_continue_is_not_kept_waiting(proxy: Pro
     writer.close()
     await writer.wait_closed()
     assert interim.startswith(b"HTTP/1.1 100 Continue") and final.startswith(b"HTTP/1.1 200")
+
+
+async def test_a_replica_that_does_not_answer_in_time_is_a_504_and_its_connection_is_closed() -> None:
+    slow = await FakeVLLM(delay_s=1.0).start()
+    try:
+        async with ProxyServer([slow.url], health_interval_s=30, probe_timeout_s=5, request_timeout_s=0.2) as proxy:
+            assert await proxy.wait_ready(10)
+            session = proxy.open_session()
+            async with httpx.AsyncClient() as http:
+                reply = await http.post(
+                    session.openai_base_url + "/chat/completions", json={"model": MODEL, "messages": []}
+                )
+            for _ in range(100):
+                if slow.abandoned:
+                    break
+                await asyncio.sleep(0.02)
+    finally:
+        await slow.close()
+    assert reply.status_code == 504 and "did not answer within 0.2s" in reply.json()["error"]["message"]
+    assert slow.abandoned == 1  # the proxy closed the connection: vLLM stops generating
