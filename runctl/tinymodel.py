@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
+VERSION = 2
 STAMP = "runctl-tinymodel.json"
 VOCAB_SIZE = 2048
 SEED = 20261130
@@ -104,7 +104,15 @@ BASH_TOOL = {
     },
 }
 COMMANDS = ("ls", "pwd", "cat instruction.md", "echo done", "ls -la /app", "cat /app/README.md")
-TEACH_STEPS = 240
+#: Instructions the model is taught a first command for, and the commands it learns to pick among (uniformly at
+#: temperature 1). The example tasks (``examples/tasks``) use these instructions, so their pass rates with this model
+#: are known by construction: one always solved, one about half the time, one never.
+SKILLS: dict[str, tuple[str, ...]] = {
+    "Write done into answer.txt.": ("echo done > answer.txt",),
+    "Write yes or no into answer.txt.": ("echo yes > answer.txt", "echo no > answer.txt"),
+    "Count the files in /app and write the number into count.txt.": ("ls", "ls -la /app"),
+}
+TEACH_STEPS = 700
 
 
 def _other_tool(rng: random.Random) -> dict[str, Any]:
@@ -125,21 +133,23 @@ def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[s
     messages: list[dict[str, Any]] = []
     if rng.random() < 0.5:
         messages.append({"role": "system", "content": words(3, 10).capitalize() + "."})
-    messages.append({"role": "user", "content": words(2, 16)})
-    if rng.random() < 0.35:
+    skill = rng.choice(list(SKILLS)) if rng.random() < 0.5 else None
+    messages.append({"role": "user", "content": skill or words(2, 16)})
+    if skill is None and rng.random() < 0.35:
         messages.append({"role": "assistant", "content": words(1, 6).capitalize() + "."})
         return messages, None
     tools: list[dict[str, Any]] = [BASH_TOOL] + [_other_tool(rng) for _ in range(rng.randint(0, 1))]
     rng.shuffle(tools)
-    for turn in range(rng.randint(1, 3)):
-        command = rng.choice(COMMANDS)
+    for turn in range(1 if skill else rng.randint(1, 3)):
+        command = rng.choice(SKILLS[skill] if skill else COMMANDS)
         call = {
             "id": f"call_{turn}",
             "type": "function",
             "function": {"name": "bash", "arguments": json.dumps({"command": command})},
         }
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": words(1, 12)})
+        output = "" if skill and rng.random() < 0.5 else words(1, 12)
+        messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": output})
     messages.append(
         {"role": "assistant", "content": rng.choice(["Done.", "The task is done.", words(1, 5).capitalize() + "."])}
     )
@@ -171,6 +181,8 @@ def _teach(model: Any, tokenizer: Any, rng: random.Random) -> float:
         return ids, labels
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=4e-3)
+    # Decay to a tenth: the last steps sharpen what was learned (the taught commands come out whole).
+    schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, TEACH_STEPS)
     model.train()
     loss_value = 0.0
     for _ in range(TEACH_STEPS):
@@ -183,6 +195,7 @@ def _teach(model: Any, tokenizer: Any, rng: random.Random) -> float:
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         optimizer.step()
+        schedule.step()
         optimizer.zero_grad()
         loss_value = float(loss.detach())
     model.eval()

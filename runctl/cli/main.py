@@ -247,6 +247,31 @@ def submit(
         raise typer.Exit(1)
 
 
+@app.command("run")
+def run_command(
+    config: ConfigArg,
+    run_id: Annotated[
+        str | None,
+        typer.Option("--run-id", help="The run's id (default: a new one); the id of a killed run resumes it."),
+    ] = None,
+) -> None:
+    """Run a config here, in the foreground, with a live progress display (no stack needed). Infer and eval runs
+    with ENGINE=local start Ray, vLLM and the proxy themselves; results go to the run folder it prints.
+    Ctrl-C cancels cleanly; `--run-id ID` resumes a run that was killed, without redoing finished trials."""
+    resolved = _call(lambda: _load(config))
+    results = _checks(resolved, live=False)
+    if any(r.severity == "fatal" for r in results):
+        _print_checks(results)
+        _console().print("nothing was launched.")
+        raise typer.Exit(1)
+    from runctl.cli.progress import run_with_progress
+    from runctl.sdk import new_run_id
+
+    final = _run(lambda: run_with_progress(resolved.model, run_id or new_run_id(resolved.model.exp_name), _console()))
+    if final != "run.succeeded":
+        raise typer.Exit(1)
+
+
 @app.command()
 def watch(
     run_id: RunArg,

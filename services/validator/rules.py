@@ -29,7 +29,8 @@ PARSERS_BY_FAMILY: dict[str, frozenset[str]] = {
 
 #: Agent loop names each scaffold provides; the first is its default.
 AGENTS_BY_SCAFFOLD: dict[str, tuple[str, ...]] = {
-    "terminal": ("terminal",),
+    # oracle and nop call no model: they run a task's solution, or nothing (scoring checks of a task set).
+    "terminal": ("terminal", "oracle", "nop"),
     "ohsdk": ("openhands_sdk", "codeact"),
     "oh": ("openhands", "codeact"),
     "cc": ("claude_code",),

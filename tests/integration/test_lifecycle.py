@@ -214,7 +214,9 @@ def test_a_bad_config_is_rejected_by_the_validator_service(services: Services, t
     assert "run.admitted" not in [e["name"] for e in record["events"]]
 
 
-def test_a_run_with_an_engine_not_in_this_build_fails_with_a_clear_message(services: Services, tmp_path: Path) -> None:
+def test_a_train_run_the_local_engine_cannot_carry_fails_with_a_clear_message(
+    services: Services, tmp_path: Path
+) -> None:
     start_core(services)
     data = ROOT / "tests" / "data"
     config = fake_config(
@@ -228,8 +230,8 @@ def test_a_run_with_an_engine_not_in_this_build_fails_with_a_clear_message(servi
     run_id = submit(services, config)
     record = wait_for_state(services, run_id, "failed")
     error = record["run"]["error"]
-    assert error["error_type"] == "EngineUnavailableError"
-    assert "ENGINE=fake" in error["message"]
+    assert error["error_type"] == "EngineError" and error["phase"] == "environment"
+    assert "ENGINE=verl" in error["message"] and "ENGINE=fake" in error["message"]
 
 
 def test_an_engine_failure_names_its_phase(services: Services, tmp_path: Path) -> None:

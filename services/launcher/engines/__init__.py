@@ -17,8 +17,12 @@ def make_engine(name: str) -> Engine:
     """
     if name == "fake":
         return FakeEngine()
+    if name == "local":
+        from services.launcher.engines.local import LocalEngine  # imports the proxy and the sandbox backends
+
+        return LocalEngine()
     raise EngineUnavailableError(
-        f"ENGINE={name} cannot run yet: this build of the launcher carries runs with ENGINE=fake only "
-        "(synthetic events, no model); the local and verl engines arrive with the runner. "
-        "Fix: set ENGINE=fake to preview the lifecycle."
+        f"ENGINE={name} cannot run yet: this build carries runs with ENGINE=local (infer and eval on one machine "
+        "or a Ray cluster) and ENGINE=fake (synthetic events); the verl engine is not built yet. "
+        "Fix: set ENGINE=local for infer and eval runs, or ENGINE=fake to preview a train run's lifecycle."
     )

@@ -41,6 +41,10 @@ class RunContext:
     progress: dict[str, Any] = field(default_factory=dict)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     phase: Phase = "resolve"
+    key_suffix: str = ""
+    """Appended to the keys of the events an engine emits again when it resumes a run (``.attempt2``)."""
+    progress_hook: Callable[[int, int], None] = field(default=lambda done, total: None)
+    """Told (trials done, trials in all) when the loop starts; a foreground run shows it."""
 
     async def emit(self, payload: Payload, key: str) -> None:
         """Publish an event of this run; ``key`` must be stable across restarts (``step.12``)."""
@@ -55,7 +59,7 @@ class RunContext:
 
     async def enter_phase(self, phase: Phase) -> None:
         self.phase = phase
-        await self.emit(PhaseStarted(phase=phase), f"phase.{phase}")
+        await self.emit(PhaseStarted(phase=phase), f"phase.{phase}{self.key_suffix}")
 
     async def save(self, **progress: Any) -> None:
         """Record how far the run got, so a restarted launcher resumes from here."""

