@@ -7,6 +7,7 @@ Handlers are idempotent through the ledger; every event a run emits has a determ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -41,10 +42,14 @@ from runctl.subjects import event_filter, event_subject
 from services.launcher.engines import RunContext, make_engine
 from services.launcher.errors import EngineError, LauncherError, RunCancelledError
 from services.launcher.ledger import Ledger, LedgerEntry
+from services.launcher.rayjobs import TERMINAL, RayJobs
 
 log = logging.getLogger(__name__)
 
 RETRY_WINDOW_S = 60.0
+#: Engines whose runs the launcher carries as Ray jobs (ENGINE=fake runs in the launcher itself: it has no Ray).
+JOB_ENGINES = frozenset({"local"})
+JOB_POLL_S = 1.0
 CONSUMER = ConsumerSpec(
     durable="launcher",
     stream=RUNS_STREAM,
@@ -67,11 +72,19 @@ class Launcher:
     """Carries runs. ``on_fatal`` is called when the bus or the ledger stays unreachable past the retry window:
     the service then stops (and is restarted), leaving its runs active for the next launcher to resume."""
 
-    def __init__(self, bus: Bus, ledger: Ledger, source: str, on_fatal: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        ledger: Ledger,
+        source: str,
+        on_fatal: Callable[[], None] | None = None,
+        jobs: RayJobs | None = None,
+    ) -> None:
         self.bus = bus
         self.ledger = ledger
         self.source = source
         self.on_fatal = on_fatal or (lambda: None)
+        self.jobs = jobs
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.cancels: dict[str, asyncio.Event] = {}
         self.cancel_by: dict[str, str] = {}
@@ -135,7 +148,92 @@ class Launcher:
         task.add_done_callback(lambda _: (self.tasks.pop(run_id, None), self.cancels.pop(run_id, None)))
 
     async def carry(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
-        """Run the engine to the end and publish exactly one end event."""
+        """Carry the run: as a Ray job when its engine runs on Ray and this launcher submits jobs, else here."""
+        if self.jobs is not None and config.engine in JOB_ENGINES:
+            await self.carry_as_job(team, run_id, config, progress)
+        else:
+            await self.carry_here(team, run_id, config, progress)
+
+    async def carry_as_job(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
+        """Submit the runner as a Ray job (or find the one still running after a launcher restart) and watch it
+        to its end. The runner publishes the run's events and its end; if its job ends without ending the run
+        (it crashed, or was killed with its node), the launcher ends the run as failed with the job's log tail."""
+        assert self.jobs is not None
+        jobs = self.jobs
+        submission = None
+        try:
+            live = [sid for sid, status in await asyncio.to_thread(jobs.find, run_id) if status not in TERMINAL]
+            if live:
+                submission = live[-1]
+                log.info("%s: watching its running job %s", run_id, submission)
+            else:
+                attempt = int(progress.get("job_attempt", 0)) + 1
+                progress = {**progress, "job_attempt": attempt}
+                await self.record(run_id, LedgerEntry(team=team, state="active", progress=progress))
+                submission = await asyncio.to_thread(jobs.submit, team, run_id, attempt, self.job_env())
+                log.info("%s: submitted as Ray job %s", run_id, submission)
+            status, stop_sent = await self.watch_job(run_id, submission)
+        except LauncherError as e:
+            await self.end_failed(team, run_id, "environment", e, int(progress.get("num_trials", 0)))
+            return
+        entry = await self.ledger.get(run_id)
+        if entry is not None and entry.state == "ended":
+            return
+        state = entry.progress if entry else progress
+        phase, trials = state.get("phase", "environment"), int(state.get("num_trials", 0))
+        if stop_sent:
+            by = self.cancel_by.get(run_id, "?")
+            await self.end(team, run_id, RunCancelled(requested_by=by, phase=phase, num_trials=trials))
+            return
+        tail = await asyncio.to_thread(jobs.log_tail, submission)
+        error = LauncherError(
+            f"the runner's Ray job {submission} ended {status} without ending the run. Its log ends:\n{tail}",
+            run_id=run_id,
+            team=team,
+        )
+        await self.end_failed(team, run_id, phase, error, trials)
+
+    async def watch_job(self, run_id: str, submission: str) -> tuple[str, bool]:
+        """Poll the job until it ends, stopping it if the run is cancelled; returns (final status, stop sent).
+
+        Raises:
+            LauncherError: the jobs server stayed unreachable for the retry window.
+        """
+        assert self.jobs is not None
+        status, stop_sent, failing_since = "PENDING", False, None
+        cancelled = self.cancels[run_id]
+        while status not in TERMINAL:
+            try:
+                if cancelled.is_set() and not stop_sent:
+                    await asyncio.to_thread(self.jobs.stop, submission)
+                    stop_sent = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cancelled.wait(), JOB_POLL_S)
+                status = await asyncio.to_thread(self.jobs.status, submission)
+                failing_since = None
+            except LauncherError:
+                raise
+            except Exception as e:  # the Jobs SDK raises RuntimeError, ConnectionError … while the head restarts
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > RETRY_WINDOW_S:
+                    raise LauncherError(
+                        f"the Ray jobs server stopped answering about job {submission} for {RETRY_WINDOW_S:.0f}s "
+                        f"({type(e).__name__}: {e}). Fix: check the Ray head.",
+                        run_id=run_id,
+                    ) from e
+                log.warning("job %s: %s: %s; asking again", submission, type(e).__name__, e)
+                await asyncio.sleep(JOB_POLL_S)
+        return status, stop_sent
+
+    def job_env(self) -> dict[str, str]:
+        """What a runner job needs to reach the bus and the runctl home: the launcher's own settings."""
+        env = {k: v for k, v in os.environ.items() if k.startswith("RUNCTL_")}
+        env["RUNCTL_NATS_URL"] = self.bus.url
+        env["RUNCTL_HOME"] = str(home())
+        return env
+
+    async def carry_here(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
+        """Run the engine to the end in this process and publish exactly one end event."""
         run_dir = run_dir_for(team, run_id, config)
 
         async def emit(payload: Payload, key: str) -> None:
@@ -250,8 +348,14 @@ async def _retrying(action: Callable[[], Awaitable[object]], what: str, window_s
 
 async def main(runtime: ServiceRuntime) -> None:
     assert runtime.bus is not None
-    launcher = Launcher(runtime.bus, await Ledger.open(runtime.bus), runtime.source, runtime.request_stop)
+    jobs = RayJobs()
+    launcher = Launcher(runtime.bus, await Ledger.open(runtime.bus), runtime.source, runtime.request_stop, jobs)
     runtime.health_info(lambda: {"active_runs": sorted(launcher.tasks), "pid": os.getpid()})
-    runtime.on_stop(launcher.stop)
+
+    async def stop() -> None:
+        await launcher.stop()
+        await asyncio.to_thread(jobs.close)
+
+    runtime.on_stop(stop)
     await launcher.resume()
     await runtime.consume(CONSUMER, each_event(launcher.handle))

@@ -3,6 +3,7 @@ serving the tiny model, the proxy, bubblewrap sandboxes and the example tasks.""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
@@ -260,3 +261,41 @@ def test_eval_scores_and_intervals_on_known_outcomes(tmp_path: Path) -> None:
     assert "pass@1 0.500" in result.stdout and "(95% CI 0.188–0.812)" in result.stdout
     ready = [e for e in events(run_dir) if label(e) == "replicas.ready"][0]["data"]
     assert ready["addresses"] == [] and "calls no model" in ready["health"]
+
+
+async def test_trials_stop_when_the_model_stops_answering(tmp_path: Path) -> None:
+    from runctl.tasks import load_task
+    from services.launcher.errors import EngineError
+    from services.launcher.runner.trials import LoopSettings, TrialLoop
+    from services.proxy.server import ProxyServer
+    from services.sandbox.library import open_backend
+    from tests.conftest import free_port
+
+    published: list[dict[str, Any]] = []
+
+    async def publish(record: dict[str, Any]) -> None:
+        published.append(record)
+
+    tasks = [load_task(ROOT / "examples" / "tasks" / "write-done")]
+    settings = LoopSettings(
+        n_trials=3,
+        n_concurrent=2,
+        temperature=1.0,
+        agent="terminal",
+        max_turns=2,
+        agent_timeout_s=30,
+        served_model="tiny",
+        sandbox_retries=0,
+    )
+    gone = f"http://127.0.0.1:{free_port()}"  # a replica that is not there
+    async with ProxyServer([gone], served_model="tiny", request_timeout_s=5) as proxy:
+        with open_backend("local") as (backend, image_for):
+            loop = TrialLoop(
+                tasks, tmp_path / "trials", settings, backend, image_for, proxy, {"runctl.run": "t"}, publish
+            )
+            with pytest.raises(EngineError, match="stopped answering") as raised:
+                await loop.run(await loop.recover(), asyncio.Event())
+            assert raised.value.phase == "loop"
+            assert backend.list_owned({"runctl.run": "t"}) == []
+    # Nothing was recorded as a trial outcome: a resume runs them all.
+    assert published == [] and not list((tmp_path / "trials").glob("*/trial-*/trial.json"))

@@ -59,6 +59,7 @@ class RunContext:
 
     async def enter_phase(self, phase: Phase) -> None:
         self.phase = phase
+        self.progress["phase"] = phase  # saved with the next progress: where a crashed runner was
         await self.emit(PhaseStarted(phase=phase), f"phase.{phase}{self.key_suffix}")
 
     async def save(self, **progress: Any) -> None:

@@ -68,6 +68,8 @@ class TerminalAgent:
         self.tokens = {"prompt": 0, "completion": 0}
         self.turns = 0
         self.model_seconds = 0.0
+        self.model_unavailable = False
+        """Set when the model could not be reached or failed (5xx): the trial says nothing about the agent."""
 
     def setup(self, backend: Backend, sandbox: Sandbox, task: Task) -> None:
         pass  # nothing to install: the loop runs on the host
@@ -128,12 +130,14 @@ class TerminalAgent:
         except httpx.TimeoutException:
             return AgentOutcome("timeout", ("agent_budget", "the model call ran past the agent's deadline"))
         except httpx.HTTPError as e:
+            self.model_unavailable = True
             return AgentOutcome("error", ("model", f"the model call failed: {type(e).__name__}: {e}"))
         finally:
             self.model_seconds += time.monotonic() - started
         if response.status_code == 400 and any(h in response.text.lower() for h in _OVERLONG_HINTS):
             return AgentOutcome("overlong", ("agent_budget", f"the context no longer fits: {response.text[:300]}"))
         if response.status_code != 200:
+            self.model_unavailable = response.status_code >= 500
             return AgentOutcome("error", ("model", f"the model answered {response.status_code}: {response.text[:300]}"))
         reply: dict[str, Any] = response.json()
         usage = reply.get("usage") or {}

@@ -25,6 +25,7 @@ import orjson
 
 from runctl.events import TrialFinished
 from runctl.tasks import Task
+from services.launcher.errors import EngineError
 from services.launcher.runner.terminal_agent import TerminalAgent, trial_seed
 from services.proxy.server import ProxyServer
 from services.sandbox.agents import Agent, make_agent
@@ -134,22 +135,35 @@ class TrialLoop:
         return todo
 
     async def run(self, todo: list[tuple[Task, int]], cancelled: asyncio.Event) -> None:
+        """Run the trials; after a cancel or a failure no new trial starts, and those in flight finish first.
+
+        Raises:
+            EngineError: the model stopped answering (the trial it cut short is not recorded: a resume runs it).
+        """
         gate = asyncio.Semaphore(self.settings.n_concurrent)
+        failed = asyncio.Event()
 
         async def one(task: Task, k: int) -> None:
             async with gate:
-                if cancelled.is_set():
+                if cancelled.is_set() or failed.is_set():
                     return
-                record = await self.trial(task, k)
+                try:
+                    record = await self.trial(task, k)
+                except BaseException:
+                    failed.set()
+                    raise
                 folder = trial_dir(self.trials_dir, task.id, k)
                 await self.publish(record)
                 (folder / PUBLISHED).touch()
                 self.records.append(record)
 
         try:
-            await asyncio.gather(*(one(task, k) for task, k in todo))
+            outcomes = await asyncio.gather(*(one(task, k) for task, k in todo), return_exceptions=True)
         finally:
             self.executor.shutdown(wait=False)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def trial(self, task: Task, k: int) -> dict[str, Any]:
         started = time.monotonic()
@@ -170,6 +184,14 @@ class TrialLoop:
                 break
             attempts += 1
             shutil.rmtree(folder, ignore_errors=True)
+        if getattr(agent, "model_unavailable", False):
+            shutil.rmtree(folder, ignore_errors=True)
+            why = result.failure.message if result.failure else "no answer"
+            raise EngineError(
+                f"the model stopped answering during trial {k} of {task.id} ({why}); the trials finished so far are "
+                "kept. Fix: check the replicas' logs in the run folder, then resume the run.",
+                phase="loop",
+            )
         if trajectory is not None:
             (folder / "trajectory.json").write_bytes(orjson.dumps(trajectory))
         model_s = getattr(agent, "model_seconds", 0.0)

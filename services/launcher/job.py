@@ -1,0 +1,62 @@
+"""The runner as a Ray job: ``python -m services.launcher.job TEAM RUN_ID`` (the entrypoint the launcher submits).
+
+It reads the run's config from its ``config.submitted`` event, resumes from the launcher's ledger, carries the
+run with its engine in this process (publishing every event, and the end, on the bus), and exits. ``ray job stop``
+(SIGTERM) cancels the run; the requester is read from the run's ``cancel.requested`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import nats.js.errors
+
+from runctl.bus import Bus
+from runctl.events import CancelRequested, parse_event
+from runctl.events.payloads import RUNS_STREAM
+from runctl.service import SOURCE_PREFIX, setup_logging
+from runctl.subjects import event_subject
+from services.launcher.ledger import Ledger
+from services.launcher.service import Launcher
+
+
+async def requester(bus: Bus, team: str, run_id: str) -> str:
+    """Who asked to cancel the run, from its last ``cancel.requested`` event."""
+    try:
+        msg = await bus.js.get_last_msg(RUNS_STREAM, event_subject(team, run_id, CancelRequested.event_name))
+    except nats.js.errors.NotFoundError:
+        return "ray job stop"
+    data = parse_event(msg.data or b"").data
+    return data.requested_by if isinstance(data, CancelRequested) else "ray job stop"
+
+
+async def main(team: str, run_id: str) -> int:
+    setup_logging("runner")
+    bus = await Bus.connect(None, name=f"runctl-runner-{run_id}", reconnect=True)
+    try:
+        ledger = await Ledger.open(bus)
+        entry = await ledger.get(run_id)
+        if entry is not None and entry.state == "ended":
+            return 0
+        launcher = Launcher(bus, ledger, SOURCE_PREFIX + "runner")
+        _, config = await launcher.submitted_config(team, run_id)
+        cancelled = launcher.cancels[run_id] = asyncio.Event()
+
+        async def cancel() -> None:
+            launcher.cancel_by[run_id] = await requester(bus, team, run_id)
+            cancelled.set()
+
+        pending: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: pending.add(loop.create_task(cancel())))
+        await launcher.carry_here(team, run_id, config, entry.progress if entry else {})
+        return 0
+    finally:
+        await bus.close()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1], sys.argv[2])))

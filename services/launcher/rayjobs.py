@@ -1,0 +1,181 @@
+"""Runs as Ray jobs: the launcher submits each ENGINE=local run's runner through the Ray Jobs API and watches it.
+
+The jobs server is ``RUNCTL_RAY_JOBS_URL`` (a cluster's dashboard, ``http://head:8265``); unset, the launcher
+starts a Ray head of its own on 127.0.0.1 the first time it needs one (``ray start --head --block`` in its own
+process group, recorded in ``$RUNCTL_HOME/ray-head.json`` so that a restarted launcher reuses it) and stops it
+when it stops. A job's submission id is ``<run_id>.attempt<n>``; its metadata names the run and the team.
+
+Blocking (the Jobs SDK is synchronous): call these from a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runctl.home import home
+from services.launcher.errors import LauncherError
+
+JOBS_URL_ENV = "RUNCTL_RAY_JOBS_URL"
+HEAD_FILE = "ray-head.json"
+HEAD_START_TIMEOUT_S = 120.0
+HEAD_STOP_GRACE_S = 5.0
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalHead:
+    url: str
+    pid: int
+    temp_dir: str
+
+
+class RayJobs:
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or os.environ.get(JOBS_URL_ENV) or None
+        self.head: LocalHead | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._client: Any = None
+
+    # ---------------------------------------------------------------------------------------------- the server
+    def client(self) -> Any:
+        """The Jobs SDK client, starting (or finding) the local head first when no URL is configured."""
+        if self._client is not None:
+            return self._client
+        from ray.job_submission import JobSubmissionClient
+
+        if self.url is None:
+            self.head = self._reuse_head() or self._start_head()
+            self.url = self.head.url
+        deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+        while True:
+            try:
+                self._client = JobSubmissionClient(self.url)
+                return self._client
+            except Exception as e:  # ConnectionError, RuntimeError while the dashboard starts
+                if time.monotonic() > deadline:
+                    raise LauncherError(
+                        f"the Ray jobs server at {self.url} does not answer ({type(e).__name__}: {e}). Fix: check "
+                        f"the Ray head, or set {JOBS_URL_ENV} to its dashboard URL (http://head:8265)."
+                    ) from e
+                if self._proc is not None and self._proc.poll() is not None:
+                    raise LauncherError(f"the local Ray head exited with {self._proc.returncode}") from e
+                time.sleep(0.5)
+
+    def _reuse_head(self) -> LocalHead | None:
+        path = home() / HEAD_FILE
+        try:
+            doc = json.loads(path.read_text())
+            os.kill(int(doc["pid"]), 0)
+        except (OSError, ValueError, KeyError):
+            return None
+        return LocalHead(doc["url"], int(doc["pid"]), doc["temp_dir"])
+
+    def _start_head(self) -> LocalHead:
+        temp = tempfile.mkdtemp(prefix="rj-", dir="/tmp")  # short: Ray's socket paths have a length limit
+        port, dashboard = _free_port(), _free_port()
+        ray = str(Path(sys.executable).parent / "ray")
+        argv = [ray, "start", "--head", "--block", "--disable-usage-stats", f"--port={port}", f"--temp-dir={temp}"]
+        argv += ["--node-ip-address=127.0.0.1", "--include-dashboard=true", "--dashboard-host=127.0.0.1"]
+        argv += [f"--dashboard-port={dashboard}"]
+        log_dir = home() / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with (log_dir / "ray-head.log").open("ab") as log:
+            self._proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+                start_new_session=True,
+            )
+        head = LocalHead(f"http://127.0.0.1:{dashboard}", self._proc.pid, temp)
+        (home() / HEAD_FILE).write_text(json.dumps(head.__dict__))
+        return head
+
+    def close(self) -> None:
+        """Stop the local head this object started (its whole process group; SIGKILL after a short grace, since
+        Ray's own shutdown takes tens of seconds); a configured server is left alone. Jobs still running on it end
+        with it: their runs stay active in the ledger, and a restarted launcher submits them again."""
+        if self._proc is None:
+            return
+        (home() / HEAD_FILE).unlink(missing_ok=True)
+        try:
+            os.killpg(self._proc.pid, signal.SIGTERM)
+            self._proc.wait(timeout=HEAD_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+        except ProcessLookupError:
+            pass
+        if self.head is not None:
+            shutil.rmtree(self.head.temp_dir, ignore_errors=True)
+        self._proc = None
+
+    # ---------------------------------------------------------------------------------------------- the jobs
+    def submit(self, team: str, run_id: str, attempt: int, env: dict[str, str]) -> str:
+        """Submit the runner of ``run_id`` as a Ray job; returns its submission id."""
+        submission_id = f"{run_id}.attempt{attempt}"
+        # From the launcher's folder, so relative paths in a config mean what they meant to the validator.
+        here, python = shlex.quote(os.getcwd()), shlex.quote(sys.executable)
+        entrypoint = f"cd {here} && exec {python} -m services.launcher.job {team} {run_id}"
+        client = self.client()
+        try:
+            client.submit_job(
+                entrypoint=entrypoint,
+                submission_id=submission_id,
+                runtime_env={"env_vars": env},
+                metadata={"runctl_run": run_id, "runctl_team": team},
+            )
+        except Exception as e:  # the SDK raises RuntimeError with the server's answer
+            raise LauncherError(
+                f"the Ray jobs server at {self.url} refused the runner of {run_id}: {e}", run_id=run_id, team=team
+            ) from e
+        return submission_id
+
+    def find(self, run_id: str) -> list[tuple[str, str]]:
+        """(submission id, status) of every job of the run, oldest first."""
+        found = []
+        client = self.client()
+        try:
+            jobs = client.list_jobs()
+        except Exception as e:
+            raise LauncherError(f"the Ray jobs server at {self.url} cannot list jobs: {e}", run_id=run_id) from e
+        for job in jobs:
+            if (job.metadata or {}).get("runctl_run") == run_id and job.submission_id:
+                found.append((job.start_time or 0, job.submission_id, _name(job.status)))
+        return [(sid, status) for _, sid, status in sorted(found)]
+
+    def status(self, submission_id: str) -> str:
+        return _name(self.client().get_job_status(submission_id))
+
+    def stop(self, submission_id: str) -> None:
+        self.client().stop_job(submission_id)
+
+    def log_tail(self, submission_id: str, lines: int = 40) -> str:
+        try:
+            text = str(self.client().get_job_logs(submission_id))
+        except Exception as e:
+            return f"(no job log: {e})"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _name(status: Any) -> str:
+    """A JobStatus as its plain name (``SUCCEEDED``)."""
+    return str(getattr(status, "value", status))

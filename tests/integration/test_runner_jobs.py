@@ -1,0 +1,129 @@
+"""Submitted ENGINE=local runs are carried as Ray jobs: the launcher starts a Ray head of its own (inside the
+loopback-only namespace), submits the runner through the Jobs API, watches it, and cancels it with `ray job stop`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runctl.sdk import RunctlClient, submitter
+from tests.conftest import ROOT, Services, wait_until
+from tests.infra import ray_head as ray_infra
+from tests.integration.test_lifecycle import start_core, submit, tracked, wait_for_state
+
+pytestmark = pytest.mark.skipif(
+    bool(ray_infra.why_unavailable() or shutil.which("bwrap") is None),
+    reason=str(ray_infra.why_unavailable() or "bubblewrap is not installed"),
+)
+
+
+def oracle_eval(tmp_path: Path, n_trials: int) -> Path:
+    tasks = tmp_path / "tasks"
+    for name in ("hello", "failing"):
+        shutil.copytree(ROOT / "tests" / "data" / "tasks" / name, tasks / name)
+    config = tmp_path / "eval.env"
+    values = {
+        "RUN_TYPE": "eval",
+        "ENGINE": "local",
+        "TEAM": "nlp",
+        "PROJECT_NAME": "p",
+        "EXP_NAME": "jobs",
+        "MODEL_PATH": str(ROOT / "tests" / "data" / "models" / "llama-tiny"),
+        "NGPUS_PER_NODE": "0",
+        "GEN_TP": "1",
+        "AGENT_NAME": "oracle",
+        "DATASET_PATH": str(tasks),
+        "N_TRIALS": str(n_trials),
+        "N_CONCURRENT": "1",
+    }
+    config.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    return config
+
+
+def wait_for_end(services: Services, run_id: str, state: str) -> dict[str, Any]:
+    """The run's record once it ended in ``state`` with all its trials recorded (the tracker consumes trials from
+    their own stream, so the end may be recorded a moment before the last of them)."""
+    record: dict[str, Any] = {}
+
+    def ended() -> bool:
+        nonlocal record
+        record = wait_for_state(services, run_id, state, timeout_s=240)
+        trials = sum(e["name"] == "trial.finished" for e in record["events"])
+        return bool(
+            trials == record["events"][-1]["data"]["num_trials"] or record["events"][-1]["name"] != "run." + state
+        )
+
+    wait_until(ended, 60, f"every trial of {run_id} to be recorded", interval_s=0.2)
+    return record
+
+
+def jobs_of(services: Services, run_id: str) -> list[Any]:
+    from ray.job_submission import JobSubmissionClient
+
+    head = json.loads((services.home / "ray-head.json").read_text())
+    return [j for j in JobSubmissionClient(head["url"]).list_jobs() if (j.metadata or {}).get("runctl_run") == run_id]
+
+
+def test_a_submitted_run_is_carried_as_a_ray_job(services: Services, tmp_path: Path) -> None:
+    start_core(services)
+    run_id = submit(services, oracle_eval(tmp_path, 2))
+    record = wait_for_end(services, run_id, "succeeded")
+    names = [e["name"] for e in record["events"]]
+    assert names.index("run.admitted") < names.index("cluster.ready") < names.index("replicas.ready")
+    assert names.count("run.succeeded") == 1 and names.count("trial.finished") == 4
+    end = next(e["data"] for e in record["events"] if e["name"] == "run.succeeded")
+    assert end["score"] == 0.5 and end["summary"]["pass@1"] == 0.5
+    # The job exits just after the runner published the end.
+    wait_until(lambda: job_status(services, run_id) == "SUCCEEDED", 60, "the job to succeed", interval_s=0.5)
+    (job,) = jobs_of(services, run_id)
+    assert job.submission_id == f"{run_id}.attempt1" and job.metadata["runctl_team"] == "nlp"
+    head = json.loads((services.home / "ray-head.json").read_text())
+    run_dir = services.home / "runs" / "nlp" / run_id
+    assert (run_dir / "summary.csv").exists() and len(list(run_dir.glob("trials/*/trial-*/trial.json"))) == 4
+
+    # The launcher stops the Ray head it started when it stops.
+    services.stop("launcher")
+    assert not (services.home / "ray-head.json").exists()
+    wait_until(lambda: not _alive(head["pid"]), 30, "the launcher's Ray head to stop")
+
+
+def job_status(services: Services, run_id: str) -> str:
+    (job,) = jobs_of(services, run_id)
+    return str(job.status.value)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cancelling_a_job_run_stops_its_job_and_names_who_asked(services: Services, tmp_path: Path) -> None:
+    start_core(services)
+    run_id = submit(services, oracle_eval(tmp_path, 40))
+
+    def some_trials() -> bool:
+        record = tracked(services, run_id)
+        return bool(record and any(e["name"] == "trial.finished" for e in record["events"]))
+
+    wait_until(some_trials, 240, "the first trial", interval_s=0.5)
+
+    async def cancel() -> None:
+        async with RunctlClient(services.nats_url, services.tracker_url) as client:
+            await client.cancel(run_id, reason="enough")
+
+    asyncio.run(cancel())
+    record = wait_for_end(services, run_id, "cancelled")
+    (end,) = [e for e in record["events"] if e["name"] == "run.cancelled"]
+    assert end["data"]["requested_by"] == submitter()
+    assert end["data"]["phase"] == "loop"
+    assert 1 <= end["data"]["num_trials"] < 80
+    wait_until(lambda: job_status(services, run_id) == "STOPPED", 60, "the job to stop", interval_s=0.5)
