@@ -122,11 +122,15 @@ class ModelSection(Section):
 
 class AgentSection(Section):
     title: ClassVar[str] = "Agent and sandbox"
-    scaffold: Literal["terminal", "ohsdk", "oh", "cc", "oc"] = "terminal"
-    """Agent scaffold: terminal (runctl's built-in), ohsdk (OpenHands SDK), oh (OpenHands), cc (Claude Code),
-    oc (OpenCode)."""
+    scaffold: Literal["terminal", "installed", "ohsdk", "oh", "cc", "oc"] = "terminal"
+    """Agent scaffold: terminal (runctl's built-in, on the host), installed (AGENT_COMMAND, inside the sandbox),
+    ohsdk (OpenHands SDK), oh (OpenHands), cc (Claude Code), oc (OpenCode)."""
     agent_name: str | None = None
     """Agent loop name inside the scaffold; unset picks the scaffold's default."""
+    agent_command: str | None = None
+    """SCAFFOLD=installed: the shell command that starts the agent inside the sandbox. It finds its model at
+    OPENAI_BASE_URL / ANTHROPIC_BASE_URL (its proxy session; the only address it can reach), the model's name in
+    RUNCTL_MODEL and the task in RUNCTL_INSTRUCTION_FILE."""
     backend: Literal["local", "docker", "k8s"] = "local"
     """Where sandboxes run: local (bubblewrap on this machine), docker (Docker Engine) or k8s (one pod each)."""
     agent_max_iterations: int = Field(200, ge=1)
@@ -159,6 +163,16 @@ class AgentSection(Section):
     """How long a sandbox pod may take to become ready, in seconds."""
     pod_active_deadline_sec: int = Field(6000, ge=1)
     """Hard lifetime of a sandbox pod, in seconds, after which Kubernetes kills it."""
+
+    @model_validator(mode="after")
+    def _installed_agent_has_a_command(self) -> AgentSection:
+        if self.scaffold == "installed" and not self.agent_command:
+            raise PydanticCustomError(
+                "cross_field",
+                "SCAFFOLD=installed needs AGENT_COMMAND: the command that starts the agent inside the sandbox",
+                {"keys": ["SCAFFOLD", "AGENT_COMMAND"]},
+            )
+        return self
 
 
 class FlagsSection(Section):

@@ -239,13 +239,15 @@ class _TooLarge(Exception):
 class HttpServer:
     """Serves ``handler`` on ``host:port`` (port 0: an ephemeral one, readable from :attr:`port` after start)."""
 
-    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0, unix_path: str | None = None) -> None:
         self.handler = handler
         self.host = host
         self.port = port
+        self.unix_path = unix_path
         self.connections: set[_ServerConnection] = set()
         self.closing = False
         self._server: asyncio.base_events.Server | None = None
+        self._unix_server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -253,20 +255,26 @@ class HttpServer:
             lambda: _ServerConnection(self), self.host, self.port, reuse_address=True, backlog=2048
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.unix_path:
+            self._unix_server = await loop.create_unix_server(
+                lambda: _ServerConnection(self), self.unix_path, backlog=2048
+            )
 
     async def close(self, grace_s: float = 5.0) -> None:
         """Stop accepting, let requests in progress finish for up to ``grace_s``, then close every connection."""
         self.closing = True
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._unix_server):
+            if server is not None:
+                server.close()
         busy = [c.task for c in self.connections if c.task is not None]
         if busy:
             await asyncio.wait(busy, timeout=grace_s)
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in (self._server, self._unix_server):
+            if server is not None:
+                await server.wait_closed()
 
 
 # ---------------------------------------------------------------------------------------------------------- client

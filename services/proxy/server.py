@@ -133,12 +133,14 @@ class ProxyServer:
         probe_timeout_s: float = 30.0,
         request_timeout_s: float = 1800.0,
         close_wait_s: float = 60.0,
+        unix_socket: str | Path | None = None,
     ) -> None:
         self.pool = ReplicaPool(interval_s=health_interval_s, probe_timeout_s=probe_timeout_s)
         for url in upstreams:
             self.pool.add(url)
         self.discovery = RayDiscovery(self.pool, ray_address, health_interval_s) if discover_ray else None
-        self.http = HttpServer(self.handle, host, port)
+        # Also on a Unix socket when asked: a sandbox without a network reaches the proxy through it, bound in.
+        self.http = HttpServer(self.handle, host, port, str(unix_socket) if unix_socket else None)
         self.advertise_host = advertise_host
         self.trajectory_dir = Path(trajectory_dir) if trajectory_dir else None
         self.admin_token = admin_token or secrets.token_urlsafe(32)

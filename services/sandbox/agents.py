@@ -14,7 +14,7 @@ from services.sandbox.backends.base import Backend, Sandbox
 from services.sandbox.backends.execio import run_script
 
 Termination = Literal["agent_completed", "timeout", "overlong", "max_turns", "env_setup_failed", "error"]
-AgentFailure = tuple[Literal["sandbox", "model", "agent_budget", "verifier", "cancelled"], str]
+AgentFailure = tuple[Literal["sandbox", "model", "agent", "agent_budget", "verifier", "cancelled"], str]
 
 
 @dataclass(frozen=True)

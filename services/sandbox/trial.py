@@ -29,7 +29,7 @@ from services.sandbox.agents import Agent, AgentOutcome
 from services.sandbox.backends.base import Backend, Sandbox, SandboxError, SandboxSpec
 from services.sandbox.backends.execio import run_script
 
-FailureCause = Literal["sandbox", "model", "agent_budget", "verifier", "cancelled"]
+FailureCause = Literal["sandbox", "model", "agent", "agent_budget", "verifier", "cancelled"]
 TerminationReason = Literal["agent_completed", "timeout", "overlong", "max_turns", "env_setup_failed", "error"]
 VERIFIER_OUTPUT = "/logs/verifier/test-stdout.txt"
 STOP_AGENT_PATIENCE_S = 30.0
@@ -132,7 +132,13 @@ def parse_reward(json_text: str | None, txt_text: str | None) -> tuple[float, di
     return value, {"reward": value}
 
 
-def sandbox_spec(task: Task, image: str | None, labels: dict[str, str], network: str | None = None) -> SandboxSpec:
+def sandbox_spec(
+    task: Task,
+    image: str | None,
+    labels: dict[str, str],
+    network: str | None = None,
+    binds: tuple[tuple[str, str, bool], ...] = (),
+) -> SandboxSpec:
     env = task.config.environment
     return SandboxSpec(
         sandbox_id=f"{task.id.replace('/', '-')[:40]}-{uuid.uuid4().hex[:8]}".lower(),
@@ -145,6 +151,7 @@ def sandbox_spec(task: Task, image: str | None, labels: dict[str, str], network:
         workdir=env.workdir or "/app",
         env=dict(env.env),
         labels=labels,
+        binds=binds,
     )
 
 
@@ -163,7 +170,7 @@ class TrialRunner:
         try:
             mark = time.monotonic()
             try:
-                spec = sandbox_spec(task, self.image_for(task), labels or {})
+                spec = sandbox_spec(task, self.image_for(task), labels or {}, binds=getattr(agent, "binds", ()))
                 sandbox = self.backend.create(spec)
             except SandboxError as e:
                 result.termination_reason = "env_setup_failed"

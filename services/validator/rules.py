@@ -31,6 +31,7 @@ PARSERS_BY_FAMILY: dict[str, frozenset[str]] = {
 AGENTS_BY_SCAFFOLD: dict[str, tuple[str, ...]] = {
     # oracle and nop call no model: they run a task's solution, or nothing (scoring checks of a task set).
     "terminal": ("terminal", "oracle", "nop"),
+    "installed": ("installed",),
     "ohsdk": ("openhands_sdk", "codeact"),
     "oh": ("openhands", "codeact"),
     "cc": ("claude_code",),

@@ -299,3 +299,46 @@ async def test_trials_stop_when_the_model_stops_answering(tmp_path: Path) -> Non
             assert backend.list_owned({"runctl.run": "t"}) == []
     # Nothing was recorded as a trial outcome: a resume runs them all.
     assert published == [] and not list((tmp_path / "trials").glob("*/trial-*/trial.json"))
+
+
+def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_only_the_proxy(tmp_path: Path) -> None:
+    import socket
+
+    task = tmp_path / "tasks" / "write-done"
+    shutil.copytree(ROOT / "examples" / "tasks" / "write-done", task)
+    shutil.copy(ROOT / "tests" / "data" / "agents" / "sdk_agent.py", task / "environment" / "sdk_agent.py")
+    (task / "environment" / "Dockerfile").write_text("FROM runctl-base\nWORKDIR /app\nCOPY sdk_agent.py /opt/\n")
+    # A port on the host's loopback: the sandbox must not reach it.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0)
+    port = listener.getsockname()[1]
+    cfg = config(
+        tmp_path,
+        "infer-cpu.env",
+        INDEX_FILE=tmp_path / "tasks",
+        N_TRIALS=1,
+        SCAFFOLD="installed",
+        AGENT_COMMAND=f"'$RUNCTL_PYTHON /opt/sdk_agent.py {port}'",
+    )
+    home = tmp_path / "home"
+    try:
+        result = runctl_run(cfg, "installed", home)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
+    finally:
+        listener.close()
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = home / "runs" / "demo" / "installed" / "trials" / "write-done" / "trial-0"
+    record = json.loads((folder / "trial.json").read_text())
+    assert record["agent"] == "installed" and record["termination_reason"] == "agent_completed"
+    assert record["reward"] == 1.0  # greedy: the taught command
+    report = json.loads((folder / "logs" / "agent" / "report.json").read_text())
+    assert report["commands"] == ["echo done > answer.txt"]
+    assert report["anthropic_stop_reason"] in ("end_turn", "max_tokens")
+    assert report["host_loopback"] == "ConnectionRefusedError"
+    assert report["outside"] in ("OSError", "TimeoutError")  # no route: the sandbox has loopback only
+    # The proxy captured the agent's calls, both SDKs, in the trial's trajectory.
+    turns = json.loads((folder / "trajectory.json").read_text())["turns"]
+    assert [t["surface"] for t in turns] == ["openai.chat", "openai.chat", "anthropic.messages"]

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import tempfile
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from services.launcher.errors import EngineError
 from services.launcher.runner import cluster as ray_cluster
 from services.launcher.runner import replicas as vllm_replicas
 from services.launcher.runner import scores
+from services.launcher.runner.installed_agent import SOCKET_NAME
 from services.launcher.runner.trials import LoopSettings, TrialLoop, trial_event
 from services.proxy.server import ProxyServer
 from services.sandbox.library import BackendName, open_backend
@@ -52,6 +56,7 @@ class LocalEngine:
         async with AsyncExitStack() as stack:
             await ctx.enter_phase("environment")
             index, entries, tasks = await asyncio.to_thread(select_tasks, config)
+            settings = loop_settings(config)
             write_resolved_config(config, ctx.run_dir)
             backend, image_for = stack.enter_context(open_backend(BACKEND_NAMES[config.backend], config.image_registry))
             ctx.check_cancelled()
@@ -70,7 +75,6 @@ class LocalEngine:
             ctx.check_cancelled()
 
             await ctx.enter_phase("replicas")
-            settings = loop_settings(config)
             urls: list[str] = []
             if settings.agent in MODEL_FREE_AGENTS:
                 health = f"none started: AGENT_NAME={settings.agent} calls no model"
@@ -91,8 +95,18 @@ class LocalEngine:
             await ctx.enter_phase("proxy")
             proxy: ProxyServer | None = None
             if urls:
-                proxy = ProxyServer(urls, served_model=config.served_model_name)
+                socket_path = None
+                if settings.agent == "installed":
+                    # Installed agents reach the proxy through a Unix socket bound into their sandbox.
+                    folder = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))  # short: socket paths are limited
+                    stack.callback(shutil.rmtree, folder, True)
+                    socket_path = folder / SOCKET_NAME
+                    settings = replace(settings, socket_dir=folder)
+                proxy = ProxyServer(urls, served_model=config.served_model_name, unix_socket=socket_path)
                 await stack.enter_async_context(proxy)
+                if socket_path is not None:
+                    folder.chmod(0o755)
+                    socket_path.chmod(0o666)  # an agent running as any user of the sandbox may connect
                 if not await proxy.wait_ready(60):
                     raise EngineError("the proxy found no healthy replica within 60 s", phase="proxy")
 
@@ -116,8 +130,16 @@ class LocalEngine:
 
 
 def loop_settings(config: InferConfig | EvalConfig) -> LoopSettings:
-    agent = config.agent_name or "terminal"
+    if config.scaffold not in ("terminal", "installed"):
+        raise EngineError(
+            f"SCAFFOLD={config.scaffold}: this build's runner drives the terminal agent and installed agents. Fix: "
+            "SCAFFOLD=installed with AGENT_COMMAND set to the command that starts that agent in the task's image.",
+            phase="environment",
+        )
+    agent = config.agent_name or config.scaffold
     common: dict[str, Any] = {
+        "agent_command": config.agent_command,
+        "local_backend": config.backend == "local",
         "n_trials": config.n_trials,
         "n_concurrent": config.n_concurrent,
         "agent": agent,

@@ -14,18 +14,21 @@ import asyncio
 import json
 import re
 import shutil
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 from runctl.events import TrialFinished
 from runctl.tasks import Task
 from services.launcher.errors import EngineError
+from services.launcher.runner.installed_agent import InstalledAgent
 from services.launcher.runner.terminal_agent import TerminalAgent, trial_seed
 from services.proxy.server import ProxyServer
 from services.sandbox.agents import Agent, make_agent
@@ -50,6 +53,10 @@ class LoopSettings:
     sandbox_retries: int
     max_tokens: int | None = None
     max_context_tokens: int | None = None
+    agent_command: str | None = None
+    socket_dir: Path | None = None
+    """Where the proxy's Unix socket is (installed agents reach the proxy through it)."""
+    local_backend: bool = True
 
 
 def trial_dir(trials_dir: Path, task_id: str, trial: int) -> Path:
@@ -225,6 +232,12 @@ class TrialLoop:
         s = self.settings
         if s.agent in ("oracle", "nop"):
             return make_agent(s.agent)
+        if s.agent == "installed":
+            assert s.agent_command and s.socket_dir
+            session_path = urlsplit(base_url).path.removesuffix("/v1")
+            return InstalledAgent(
+                s.agent_command, session_path, s.served_model, s.socket_dir, sys.executable, s.local_backend
+            )
         return TerminalAgent(
             base_url,
             s.served_model,

@@ -48,6 +48,9 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     read_only_root: bool = False
     user: str | None = None
+    binds: tuple[tuple[str, str, bool], ...] = ()
+    """Host paths made visible inside: (host path, path inside, read-only). The runner binds the proxy's socket
+    folder for installed agents; nothing else does."""
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,10 @@ class DockerBackend(TarOverExec):
             "working_dir": spec.workdir,
             "environment": spec.env,
         }
+        if spec.binds:
+            options["volumes"] = {
+                host: {"bind": inside, "mode": "ro" if ro else "rw"} for host, inside, ro in spec.binds
+            }
         if spec.read_only_root:
             options["tmpfs"] = {"/tmp": "mode=1777,size=256m", "/logs": "mode=0777,size=256m"}
         if spec.user:

@@ -155,6 +155,7 @@ class LocalBackend:
             "env": {**plan.get("env", {}), **spec.env},
             "mounts": mounts,
             "network": spec.network,
+            "binds": [list(b) for b in spec.binds],
             "limits": {"memory_mb": spec.memory_mb, "pids": spec.pids, "cpus": spec.cpus},
             "cgroups": self._make_cgroups(spec),
             "user": spec.user,
@@ -272,6 +273,8 @@ class LocalBackend:
         argv += ["--proc", "/proc", "--dev", "/dev"]
         for target, name in sorted(meta["mounts"].items(), key=lambda item: len(item[0])):
             argv += ["--bind", str(folder / name), target]
+        for host, inside, read_only in meta.get("binds", []):
+            argv += ["--ro-bind" if read_only else "--bind", host, inside]
         argv += ["--remount-ro", "/", "--chdir", workdir or meta["workdir"]]
         variables = {"PATH": PATH, "HOME": "/root" if uid == 0 else "/tmp", **meta["env"], **env}
         for key, value in variables.items():

@@ -1,0 +1,84 @@
+"""Installed agents (``SCAFFOLD=installed``): a program inside the sandbox, started with ``AGENT_COMMAND``, that
+calls the model through its trial's proxy session like any OpenAI or Anthropic client would.
+
+The sandbox keeps its network off. The runner's proxy also listens on a Unix socket whose folder is bound into the
+sandbox at ``/runctl/proxy``; a small relay (``relay.py``, standard library only) started in the same command as the
+agent listens on ``127.0.0.1:RELAY_PORT`` inside the sandbox and carries each connection to that socket. So the
+agent reaches the proxy — its own session, under an unguessable token — and nothing else.
+
+The agent gets, in its environment: ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL`` (its session), ``OPENAI_API_KEY``
+/ ``ANTHROPIC_API_KEY`` (placeholders: the session token is the credential), ``RUNCTL_MODEL`` (the served model's
+name), ``RUNCTL_INSTRUCTION_FILE`` (the task's instruction) and ``RUNCTL_PYTHON`` (a Python to run the relay
+with). On the local backend the runner's own Python environment is bound read-only at its own path, so
+``$RUNCTL_PYTHON`` has the ``openai`` and ``anthropic`` SDKs; on Docker the image must bring its own ``python3``.
+Its output goes to ``/logs/agent/installed.txt``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from runctl.tasks import Task
+from services.sandbox.agents import AgentOutcome
+from services.sandbox.backends.base import Backend, Sandbox
+
+RELAY_PORT = 8377
+SOCKET_DIR_INSIDE = "/runctl/proxy"
+AGENT_DIR_INSIDE = "/runctl/agent"
+SOCKET_NAME = "proxy.sock"
+
+
+def python_binds() -> tuple[tuple[str, str, bool], ...]:
+    """This process's Python environment and its base interpreter, read-only at their own paths."""
+    prefixes = dict.fromkeys([sys.prefix, sys.base_prefix])
+    return tuple((p, p, True) for p in prefixes)
+
+
+class InstalledAgent:
+    name = "installed"
+
+    def __init__(
+        self, command: str, session_path: str, model: str, socket_dir: Path, python: str, local_backend: bool
+    ) -> None:
+        self.command = command
+        self.session_path = session_path  # /sess/<token>
+        self.model = model
+        self.python = python
+        binds: tuple[tuple[str, str, bool], ...] = ((str(socket_dir), SOCKET_DIR_INSIDE, False),)
+        self.binds = binds + (python_binds() if local_backend else ())
+
+    def setup(self, backend: Backend, sandbox: Sandbox, task: Task) -> None:
+        here = Path(__file__).parent
+        backend.upload(sandbox, here / "relay.py", f"{AGENT_DIR_INSIDE}/relay.py")
+        backend.upload(sandbox, task.path / "instruction.md", f"{AGENT_DIR_INSIDE}/instruction.md")
+
+    def run(self, backend: Backend, sandbox: Sandbox, task: Task, timeout_s: float) -> AgentOutcome:
+        base = f"http://127.0.0.1:{RELAY_PORT}{self.session_path}"
+        env = {
+            "OPENAI_BASE_URL": base + "/v1",
+            "ANTHROPIC_BASE_URL": base,
+            "OPENAI_API_KEY": "runctl-session",
+            "ANTHROPIC_API_KEY": "runctl-session",
+            "RUNCTL_MODEL": self.model,
+            "RUNCTL_INSTRUCTION_FILE": f"{AGENT_DIR_INSIDE}/instruction.md",
+            "RUNCTL_PYTHON": self.python,
+        }
+        ready = "/tmp/.runctl-relay-ready"
+        relay = f"{shlex.quote(self.python)} {AGENT_DIR_INSIDE}/relay.py 127.0.0.1:{RELAY_PORT} "
+        relay += f"{SOCKET_DIR_INSIDE}/{SOCKET_NAME} {ready}"
+        script = (
+            f"{relay} 2>/logs/agent/relay.txt & relay=$!; i=0; "
+            f"while [ ! -e {ready} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done; "
+            f"[ -e {ready} ] || {{ echo 'the relay to the proxy did not start' >&2; exit 97; }}; "
+            f"( {self.command} ) > /logs/agent/installed.txt 2>&1; rc=$?; kill $relay 2>/dev/null; exit $rc"
+        )
+        result = backend.exec(sandbox, script, timeout_s, user=task.config.agent.user, env=env)
+        if result.timed_out:
+            return AgentOutcome("timeout", ("agent_budget", f"the installed agent ran past {timeout_s:.0f} s"))
+        if result.exit_code == 97:
+            return AgentOutcome("env_setup_failed", ("sandbox", result.stderr.strip() or "the relay did not start"))
+        if result.exit_code != 0:
+            return AgentOutcome("error", ("agent", f"the installed agent exited with code {result.exit_code}"))
+        return AgentOutcome("agent_completed")
