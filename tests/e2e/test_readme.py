@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -46,19 +47,38 @@ def test_the_quick_start_names_exactly_the_two_commands() -> None:
     assert commands(blocks("bash")[0]) == ["./scripts/demo.sh", "./scripts/test.sh"]
 
 
-def test_the_demo_command_runs_the_preview_through_its_whole_life(tmp_path: Path) -> None:
+@pytest.mark.vllm
+def test_the_demo_command_runs_infer_then_eval_on_cpu_and_says_where_the_results_are(tmp_path: Path) -> None:
+    from tests.infra import vllm_server
+
+    reason = vllm_server.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    vllm_server.tiny_model()  # made once for the suite, in the folder the examples name
     env = env_for(tmp_path / "home")
-    try:
-        result = run("./scripts/demo.sh", ROOT, env)
-        assert result.returncode == 0, result.stdout + result.stderr
-        out = result.stdout
-        assert "stack up" in out and "ENGINE=fake" in out
-        for name in ("config.validated", "run.admitted", "cluster.ready", "step.done", "checkpoint.saved"):
-            assert name in out
-        assert "run.succeeded" in out.rstrip().splitlines()[-1]
-    finally:
-        run(f"{BIN}/runctl down", ROOT, env)
-    assert read_stack_state(tmp_path / "home") is None
+    result = run("./scripts/demo.sh", ROOT, env, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    out = result.stdout
+    runs = sorted((tmp_path / "home" / "runs" / "demo").iterdir())
+    assert [r.name.split("-2")[0] for r in runs] == ["eval-cpu", "infer-cpu"]
+    for run_dir in runs:
+        assert f"results: {run_dir}" in out.replace("\n", "")
+        assert (run_dir / "summary.csv").exists() and (run_dir / "summary.json").exists()
+        assert json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])["type"].startswith(
+            "runctl.run.succeeded."
+        )
+    for name in ("cluster.ready", "replicas.ready", "run.succeeded", "pass@1", "95% CI", "all-fail", "kept"):
+        assert name in out
+    infer = next(r for r in runs if r.name.startswith("infer"))
+    assert (infer / "filtered.parquet").exists()
+
+
+def test_the_runs_block_is_what_the_demo_runs() -> None:
+    lines = commands(blocks("bash")[3])
+    assert lines == ["runctl run configs/examples/infer-cpu.env", "runctl run configs/examples/eval-cpu.env"]
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    for line in lines:
+        assert f".venv/bin/{line}\n" in demo
 
 
 def test_the_test_command_runs_pytest_with_its_arguments() -> None:
@@ -158,6 +178,22 @@ def test_the_benchmarks_the_readme_names_run_and_print_their_figures(argv: list[
     assert result.returncode == 0, result.stdout + result.stderr
     assert "== summary" in result.stdout
     assert "target" in result.stdout
+
+
+@pytest.mark.vllm
+def test_the_runs_benchmark_measures_an_infer_run() -> None:
+    from tests.infra import vllm_server
+
+    reason = vllm_server.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    assert "python bench/runs.py" in README
+    argv = ["bench/runs.py", "--trials", "2", "--model", str(vllm_server.tiny_model())]
+    result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = result.stdout.split("== summary")[1]
+    assert "first_trial_s" in summary and "trials_per_minute" in summary and "overhead_share" in summary
+    assert "trials: 6 (2 per task, 3 tasks), N_CONCURRENT=4" in result.stdout
 
 
 @pytest.mark.vllm

@@ -127,3 +127,22 @@ def test_cancelling_a_job_run_stops_its_job_and_names_who_asked(services: Servic
     assert end["data"]["phase"] == "loop"
     assert 1 <= end["data"]["num_trials"] < 80
     wait_until(lambda: job_status(services, run_id) == "STOPPED", 60, "the job to stop", interval_s=0.5)
+
+
+def test_a_run_outlives_its_launcher_and_resumes_on_the_next_one(services: Services, tmp_path: Path) -> None:
+    start_core(services)
+    run_id = submit(services, oracle_eval(tmp_path, 40))
+
+    def some_trials() -> bool:
+        record = tracked(services, run_id)
+        return bool(record and sum(e["name"] == "trial.finished" for e in record["events"]) >= 2)
+
+    wait_until(some_trials, 240, "two trials", interval_s=0.5)
+    services.stop("launcher")  # its Ray head, and the job on it, go with it; the run stays active
+    services.start("launcher")
+    record = wait_for_end(services, run_id, "succeeded")
+    finished = [(e["data"]["task"], e["data"]["trial"]) for e in record["events"] if e["name"] == "trial.finished"]
+    assert sorted(finished) == sorted((t, k) for t in ("hello", "failing") for k in range(40))
+    end = next(e["data"] for e in record["events"] if e["name"] == "run.succeeded")
+    assert end["num_trials"] == 80 and end["summary"]["pass@1"] == 0.5
+    assert [j.submission_id for j in jobs_of(services, run_id)] == [f"{run_id}.attempt2"]

@@ -115,6 +115,7 @@ class LocalEngine:
 
             async def publish(record: dict[str, Any]) -> None:
                 await ctx.emit(trial_event(record), f"trial.{record['task']}.{record['trial']}")
+                await ctx.save()  # the count of trials published, for whoever must end the run if this runner dies
 
             trials_dir = trials_folder(config, ctx.run_dir)
             loop = TrialLoop(tasks, trials_dir, settings, backend, image_for, proxy, labels, publish)

