@@ -7,6 +7,7 @@ import asyncio
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -104,7 +105,8 @@ def test_an_infer_run_end_to_end(tmp_path: Path) -> None:
     # A checkpoint folder in Hugging Face format is a model like any other.
     checkpoint = tmp_path / "checkpoints" / "global_step_3" / "huggingface"
     shutil.copytree(vllm_infra.tiny_model(), checkpoint)
-    cfg = config(tmp_path, "infer-cpu.env", MODEL_PATH=checkpoint)
+    # Two replicas (GEN_DP=2), each a Ray actor with its own vLLM server, behind the proxy.
+    cfg = config(tmp_path, "infer-cpu.env", MODEL_PATH=checkpoint, GEN_DP=2)
     home = tmp_path / "home"
     result = runctl_run(cfg, "infer-e2e", home)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -117,6 +119,11 @@ def test_an_infer_run_end_to_end(tmp_path: Path) -> None:
     assert labels[-2:] == ["phase.started:outputs", "run.succeeded"]
     end = events(run_dir)[-1]["data"]
     assert end["num_trials"] == 12
+    ready = next(e["data"] for e in events(run_dir) if label(e) == "replicas.ready")
+    assert ready["dp"] == 2 and len(set(ready["addresses"])) == 2
+    logs = sorted(p.name for p in (run_dir / "logs").iterdir())
+    assert logs == ["runner.log", "vllm_server_0_0.log", "vllm_server_1_0.log"]
+    assert "count-files #3: reward 0.0 (agent_completed)" in (run_dir / "logs" / "runner.log").read_text()
 
     # Every trial has its folder: the runner's record, the sandbox's verdict and logs, the agent's log and the
     # trajectory the proxy captured (token ids of each call).
@@ -132,6 +139,12 @@ def test_an_infer_run_end_to_end(tmp_path: Path) -> None:
         assert len(trajectory["turns"]) == record["turns"]
         assert all(choice["completion_token_ids"] for turn in trajectory["turns"] for choice in turn["choices"])
         assert record["tokens"]["completion"] > 0 and record["durations_s"]["model"] > 0
+    served_by = {
+        turn["replica"]
+        for path in (run_dir / "trials").glob("*/trial-*/trajectory.json")
+        for turn in json.loads(path.read_text())["turns"]
+    }
+    assert len(served_by) == 2  # the proxy spread the sessions over both replicas
     # The tiny model never writes count.txt: that task fails every time.
     assert all(found["count-files", k]["reward"] == 0.0 for k in range(4))
 
@@ -185,9 +198,11 @@ def test_a_killed_run_resumes_without_redoing_or_losing_a_trial(tmp_path: Path) 
             first.wait()
         before = {key: path.read_bytes() for key, path in _record_files(run_dir).items()}
         assert len(before) >= 4
-        # The replica the killed runner started goes with it (its actor's owner died).
+        # The replica the killed runner started goes with it (its actor's owner died): every process of the server.
         (replica,) = [e["data"]["addresses"][0] for e in events(run_dir) if label(e) == "replicas.ready"]
-        wait_until(lambda: not _answers(replica), 60, "the killed run's replica to stop")
+        log = (run_dir / "logs" / "vllm_server_0_0.log").read_text()
+        group = int(re.search(r"\(process group (\d+)\)", log).group(1))  # type: ignore[union-attr]
+        wait_until(lambda: not _answers(replica) and not _group_alive(group), 60, "the killed run's replica to stop")
 
         result = runctl_run(cfg, "resumed", home)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -212,6 +227,18 @@ def _record_files(run_dir: Path) -> dict[tuple[str, int], Path]:
         (path.parent.parent.name, int(path.parent.name.removeprefix("trial-"))): path
         for path in (run_dir / "trials").glob("*/trial-*/trial.json")
     }
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a live (not zombie) process of the process group is left."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
 
 
 def _answers(address: str) -> bool:
@@ -342,3 +369,38 @@ def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_only_th
     # The proxy captured the agent's calls, both SDKs, in the trial's trajectory.
     turns = json.loads((folder / "trajectory.json").read_text())["turns"]
     assert [t["surface"] for t in turns] == ["openai.chat", "openai.chat", "anthropic.messages"]
+
+
+def test_too_few_ray_nodes_fail_the_run_naming_the_nodes_seen(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "eval-cpu.env", NNODES=2, AGENT_NAME="oracle")
+    home = tmp_path / "home"
+    result = subprocess.run(
+        [RUNCTL, "run", str(cfg), "--run-id", "two-nodes"],
+        env={**env_for(home), "RUNCTL_NODES_TIMEOUT_SEC": "3"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    end = events(home / "runs" / "demo" / "two-nodes")[-1]
+    assert label(end) == "run.failed" and end["data"]["phase"] == "ray"
+    message = end["data"]["message"]
+    assert "1 of the 2 Ray nodes the run needs (NNODES) are alive after waiting 3s" in message
+    assert "nodes seen: 127.0.0.1 (alive," in message and "Fix:" in message
+
+
+def test_a_sandbox_that_cannot_start_is_retried_then_recorded_as_env_setup_failed(tmp_path: Path) -> None:
+    task = tmp_path / "tasks" / "needs-a-build"
+    shutil.copytree(ROOT / "examples" / "tasks" / "write-done", task)
+    (task / "environment" / "Dockerfile").write_text("FROM runctl-base\nRUN echo the local backend builds nothing\n")
+    cfg = config(tmp_path, "eval-cpu.env", DATASET_PATH=tmp_path / "tasks", AGENT_NAME="oracle", SANDBOX_RETRIES=2)
+    home = tmp_path / "home"
+    result = runctl_run(cfg, "no-sandbox", home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = home / "runs" / "demo" / "no-sandbox"
+    record = json.loads((run_dir / "trials" / "needs-a-build" / "trial-0" / "trial.json").read_text())
+    assert record["termination_reason"] == "env_setup_failed" and record["reward"] is None
+    assert record["sandbox_retries"] == 2 and "RUN is a build step" in record["failure"]["message"]
+    summary = events(run_dir)[-1]["data"]["summary"]
+    assert summary["errors"] == 2 and summary["completed"] == 0 and summary["pass@1"] is None
+    assert summary["distribution"]["no-result"] == 1

@@ -149,3 +149,18 @@ def test_rewards_parse(json_text: str | None, txt_text: str | None, expected: tu
 def test_bad_rewards_are_errors_not_zeros(json_text: str | None, txt_text: str | None) -> None:
     with pytest.raises(RewardError):
         parse_reward(json_text, txt_text)
+
+
+EXAMPLES = sorted(p for folder in ("tasks", "tasks-heldout") for p in (ROOT / "examples" / folder).iterdir())
+
+
+@pytest.mark.parametrize("backend", ["docker", "local"])
+@pytest.mark.parametrize("task_dir", EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_example_tasks_are_sound_on_both_backends(
+    request: pytest.FixtureRequest, backend: str, task_dir: Path, tmp_path: Path
+) -> None:
+    runner = runner_for(request, backend)
+    task = load_task(task_dir)
+    labels = {"runctl.owner": "test-trials"}
+    assert runner.run(task, make_agent("oracle"), tmp_path / "oracle", labels).reward == 1.0
+    assert runner.run(task, make_agent("nop"), tmp_path / "nop", labels).reward == 0.0

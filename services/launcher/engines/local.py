@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import tempfile
-from contextlib import AsyncExitStack
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from services.launcher.runner.trials import LoopSettings, TrialLoop, trial_event
 from services.proxy.server import ProxyServer
 from services.sandbox.library import BackendName, open_backend
 
+log = logging.getLogger(__name__)
 MODEL_FREE_AGENTS = ("oracle", "nop")
 BACKEND_NAMES: dict[str, BackendName] = {"local": "local", "docker": "docker", "k8s": "kubernetes"}
 
@@ -54,6 +57,8 @@ class LocalEngine:
         ctx.key_suffix = "" if attempt == 1 else f".attempt{attempt}"
         await ctx.save(attempt=attempt)
         async with AsyncExitStack() as stack:
+            stack.enter_context(run_log(ctx.run_dir / "logs" / "runner.log"))
+            log.info("run %s (%s), attempt %d", ctx.run_id, config.run_type, attempt)
             await ctx.enter_phase("environment")
             index, entries, tasks = await asyncio.to_thread(select_tasks, config)
             settings = loop_settings(config)
@@ -120,14 +125,35 @@ class LocalEngine:
             trials_dir = trials_folder(config, ctx.run_dir)
             loop = TrialLoop(tasks, trials_dir, settings, backend, image_for, proxy, labels, publish)
             todo = await loop.recover()
+            log.info("%d of %d trials already done; %d to run", len(loop.records), loop.total, len(todo))
             ctx.progress["num_trials"] = len(loop.records)
             ctx.progress_hook(len(loop.records), loop.total)
             await loop.run(todo, ctx.cancelled)
             ctx.check_cancelled()
 
             await ctx.enter_phase("outputs")
+            log.info("all %d trials done; writing the summaries", loop.total)
             return write_outputs(config, ctx.run_dir, index, entries, loop.records, settings.n_trials)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+@contextmanager
+def run_log(path: Path) -> Iterator[None]:
+    """``logs/runner.log``: what runctl's own code logs while it carries the run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("services")
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
 
 
 def loop_settings(config: InferConfig | EvalConfig) -> LoopSettings:

@@ -75,7 +75,8 @@ def connect(ray_address: str | None, nnodes: int, timeout_s: float | None = None
                 ) from e
         _users += 1
     try:
-        deadline = time.monotonic() + (timeout_s or float(os.environ.get("RUNCTL_NODES_TIMEOUT_SEC", NODES_TIMEOUT_S)))
+        wait_s = timeout_s or float(os.environ.get("RUNCTL_NODES_TIMEOUT_SEC", NODES_TIMEOUT_S))
+        deadline = time.monotonic() + wait_s
         while True:
             nodes = ray.nodes()  # type: ignore[no-untyped-call]
             alive = [n for n in nodes if n.get("Alive")]
@@ -84,7 +85,7 @@ def connect(ray_address: str | None, nnodes: int, timeout_s: float | None = None
             if time.monotonic() > deadline:
                 raise EngineError(
                     f"{len(alive)} of the {nnodes} Ray nodes the run needs (NNODES) are alive after waiting "
-                    f"{timeout_s or NODES_TIMEOUT_S:.0f}s; nodes seen: {_describe(nodes)}. Fix: start the missing "
+                    f"{wait_s:.0f}s; nodes seen: {_describe(nodes)}. Fix: start the missing "
                     "workers (`ray start --address=<head>`), or lower NNODES.",
                     phase="ray",
                 )

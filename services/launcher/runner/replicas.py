@@ -10,6 +10,7 @@ ready fails the run in the replicas phase with the tail of its log.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,7 +27,9 @@ import httpx
 from runctl.config import RunConfig
 from services.launcher.errors import EngineError
 
+log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 30
+STOP_GRACE_S = 25.0
 POLL_S = 0.5
 
 
@@ -86,8 +89,8 @@ def _tail(path: Path, lines: int) -> str:
 
 
 class ReplicaServer:
-    """One vLLM server, owned by a Ray actor (see ``start``). The child dies with the actor (parent-death signal)
-    and is stopped with its whole process group."""
+    """One vLLM server, owned by a Ray actor (see ``start``), run under ``groupwatch`` as the leader of its own
+    process group: the group dies with the actor (parent-death signal) and is stopped as a whole."""
 
     def __init__(self, argv_for: Any, env: dict[str, str], log_path: str) -> None:
         import ray
@@ -96,7 +99,8 @@ class ReplicaServer:
         self.port = _free_port(self.host)
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = argv_for(self.host, self.port)
+        # Under the group watcher: the server's processes (API server, engine core, workers) live and die together.
+        argv = [sys.executable, "-m", "services.launcher.runner.groupwatch", "--", *argv_for(self.host, self.port)]
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
@@ -109,6 +113,7 @@ class ReplicaServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+            log.write(f"(process group {self.proc.pid})\n".encode())
 
     def get_server_address(self) -> str:
         return f"{self.host}:{self.port}"
@@ -123,7 +128,7 @@ class ReplicaServer:
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
@@ -169,7 +174,9 @@ def start(config: RunConfig, namespace: str, log_dir: Path) -> list[Replica]:
     for replica in replicas:
         try:
             replica.url = "http://" + ray.get(replica.actor.get_server_address.remote(), timeout=300)
+            log.info("replica %s starting at %s (log: %s)", replica.name, replica.url, replica.log_path)
         except Exception as e:
+            stop(replicas)
             raise EngineError(
                 f"replica {replica.name} did not start: {type(e).__name__}: {e}. Fix: check that the Ray cluster "
                 f"has room for {config.gen_dp} replica(s) of {config.gen_tp} GPU(s).",

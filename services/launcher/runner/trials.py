@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import shutil
 import sys
@@ -36,6 +37,7 @@ from services.sandbox.agents import Agent, make_agent
 from services.sandbox.backends.base import Backend
 from services.sandbox.trial import TrialRunner
 
+log = logging.getLogger(__name__)
 RECORD = "trial.json"
 PUBLISHED = "published"
 
@@ -228,6 +230,7 @@ class TrialLoop:
             },
             "session": session.id if session else None,
         }
+        log.info("%s #%d: reward %s (%s) in %.2f s", task.id, k, record["reward"], result.termination_reason, wall)
         temp = folder / (RECORD + ".tmp")
         temp.write_text(json.dumps(record, indent=2))
         temp.replace(folder / RECORD)
