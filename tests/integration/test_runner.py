@@ -25,10 +25,14 @@ from tests.conftest import ROOT, wait_until
 from tests.infra import ray_head as ray_infra
 from tests.infra import vllm_server as vllm_infra
 
-pytestmark = pytest.mark.skipif(
-    bool(vllm_infra.why_unavailable() or ray_infra.why_unavailable() or shutil.which("bwrap") is None),
-    reason=str(vllm_infra.why_unavailable() or ray_infra.why_unavailable() or "bubblewrap is not installed"),
-)
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        bool(vllm_infra.why_unavailable() or ray_infra.why_unavailable() or shutil.which("bwrap") is None),
+        reason=str(vllm_infra.why_unavailable() or ray_infra.why_unavailable() or "bubblewrap is not installed"),
+    ),
+]
 RUNCTL = str(Path(sys.executable).parent / "runctl")
 PHASES_IN_ORDER = [
     "phase.started:validate",

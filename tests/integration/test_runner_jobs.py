@@ -17,10 +17,13 @@ from tests.conftest import ROOT, Services, wait_until
 from tests.infra import ray_head as ray_infra
 from tests.integration.test_lifecycle import start_core, submit, tracked, wait_for_state
 
-pytestmark = pytest.mark.skipif(
-    bool(ray_infra.why_unavailable() or shutil.which("bwrap") is None),
-    reason=str(ray_infra.why_unavailable() or "bubblewrap is not installed"),
-)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        bool(ray_infra.why_unavailable() or shutil.which("bwrap") is None),
+        reason=str(ray_infra.why_unavailable() or "bubblewrap is not installed"),
+    ),
+]
 
 
 def oracle_eval(tmp_path: Path, n_trials: int) -> Path:
