@@ -32,7 +32,9 @@ from services.sandbox.backends.execio import run_script
 FailureCause = Literal["sandbox", "model", "agent", "agent_budget", "verifier", "cancelled"]
 TerminationReason = Literal["agent_completed", "timeout", "overlong", "max_turns", "env_setup_failed", "error"]
 VERIFIER_OUTPUT = "/logs/verifier/test-stdout.txt"
-STOP_AGENT_PATIENCE_S = 30.0
+#: How long stopping the agent may take. A fork bomb that holds every pid of a Docker sandbox lets a new exec in
+#: only when one of its processes exits; on a loaded 2-core host (CI) 30 s was once not enough.
+STOP_AGENT_PATIENCE_S = 60.0
 #: Stops the agent for good before verifying: every process but PID 1 (the init), the sandbox's idle loop (the
 #: child of PID 1 that started first: a fork bomb may have wrapped the pid numbers) and this shell is sent SIGSTOP,
 #: sweep after sweep until a sweep finds none running (a fork bomb cannot outrun it: stopped processes do not fork),
