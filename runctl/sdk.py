@@ -204,7 +204,7 @@ class RunctlClient:
 
     async def list_runs(self, **filters: Any) -> dict[str, Any]:
         """Runs recorded by the tracker (filters: team, state, run_type, exp_name, limit, offset)."""
-        result: dict[str, Any] = await self._get("/runs", filters)
+        result: dict[str, Any] = await self._get("/api/runs", filters)
         return result
 
     async def get_run(self, run_id: str, *, events: bool = True) -> dict[str, Any]:
@@ -214,7 +214,7 @@ class RunctlClient:
             RunNotFoundError: the tracker has no such run.
         """
         try:
-            result: dict[str, Any] = await self._get(f"/runs/{run_id}", {"events": str(events).lower()})
+            result: dict[str, Any] = await self._get(f"/api/runs/{run_id}", {"events": str(events).lower()})
         except RunNotFoundError as e:
             raise RunNotFoundError(
                 f"no run {run_id!r} is recorded by the tracker at {self.tracker}. "

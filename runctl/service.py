@@ -8,6 +8,7 @@ A service's ``__main__`` builds a :class:`ServiceRuntime`, adds its consumers an
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -19,11 +20,20 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from runctl.bus.client import BatchHandler, Bus, Consumer, ConsumerSpec
+from runctl.metrics import Gauge, Registry
 from runctl.subjects import health_subject
 
 log = logging.getLogger(__name__)
 
 SOURCE_PREFIX = "/runctl/"
+# Each consumer's stats as Prometheus series: (metric, ConsumerStats field, type, help).
+CONSUMER_METRICS = (
+    ("runctl_events_consumed_total", "handled", "counter", "Events handled and acknowledged."),
+    ("runctl_handler_errors_total", "errors", "counter", "Handler failures (each retried or dead-lettered)."),
+    ("runctl_redeliveries_total", "redelivered", "counter", "Events handled on a second or later delivery."),
+    ("runctl_dead_lettered_total", "dead_lettered", "counter", "Events given up on and dead-lettered."),
+    ("runctl_consumer_lag", "lag", "gauge", "Events in the stream not yet delivered to the consumer."),
+)
 
 
 def setup_logging(name: str) -> None:
@@ -54,14 +64,64 @@ class ServiceRuntime:
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
         self.bus: Bus | None = None
         self.ready = False
+        self.metrics = self._make_metrics()
+        """Prometheus exposition of this service; a service adds its own metrics to it."""
+        self.metrics_url = ""
+        self._metrics_server: asyncio.Server | None = None
 
     async def start(self) -> Bus:
-        """Connect (reconnecting forever afterwards), make the streams, and start answering health probes."""
+        """Connect (reconnecting forever afterwards), make the streams, serve ``/metrics`` and answer health
+        probes."""
         self.bus = await Bus.connect(self.nats_url, name=f"runctl-{self.name}", reconnect=True)
         await self.bus.ensure_streams()
         await self.bus.nc.subscribe(health_subject(self.name), cb=self._health)
         log.info("connected to %s", self.bus.url)
+        host = os.environ.get("RUNCTL_METRICS_HOST", "127.0.0.1")
+        self._metrics_server = await asyncio.start_server(
+            self._serve_metrics, host, int(os.environ.get("RUNCTL_METRICS_PORT", "0"))
+        )
+        port = self._metrics_server.sockets[0].getsockname()[1]
+        self.metrics_url = f"http://{host}:{port}/metrics"
+        log.info("metrics at %s", self.metrics_url)
         return self.bus
+
+    def _consumer_values(self, field: str) -> dict[tuple[str, ...], float]:
+        return {(self.name, c.spec.durable): float(getattr(c.stats, field)) for c in self.consumers}
+
+    def _make_metrics(self) -> Registry:
+        registry = Registry()
+        for name, field, kind, help_ in CONSUMER_METRICS:
+            registry.add(
+                Gauge(name, help_, ("service", "consumer"), functools.partial(self._consumer_values, field), kind)
+            )
+        registry.add(
+            Gauge(
+                "runctl_service_uptime_seconds",
+                "Seconds since the service started.",
+                ("service",),
+                lambda: {(self.name,): round(time.time() - self.started_at, 3)},
+            )
+        )
+        return registry
+
+    async def _serve_metrics(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A minimal HTTP/1.0 answer: ``GET /metrics`` gives the exposition, anything else 404."""
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
+            if path.split(b"?")[0] == b"/metrics":
+                body, status = self.metrics.render(), b"200 OK"
+            else:
+                body, status = b"not found: the metrics are at /metrics\n", b"404 Not Found"
+            writer.write(
+                b"HTTP/1.0 " + status + b"\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+            )
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
 
     def health_info(self, provider: Callable[[], dict[str, Any]]) -> None:
         """Add service-specific fields to the health reply."""
@@ -104,12 +164,14 @@ class ServiceRuntime:
             "pid": os.getpid(),
             "ready": self.ready,
             "uptime_s": round(time.time() - self.started_at, 3),
+            "metrics_url": self.metrics_url,
             "consumers": {
                 c.spec.durable: {
                     "handled": c.stats.handled,
                     "errors": c.stats.errors,
                     "redelivered": c.stats.redelivered,
                     "dead_lettered": c.stats.dead_lettered,
+                    "lag": c.stats.lag,
                     "last_error": c.stats.last_error,
                 }
                 for c in self.consumers
@@ -138,6 +200,8 @@ class ServiceRuntime:
                 task.cancel()
         for consumer in self.consumers:
             await consumer.close()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         if self.bus is not None:
             await self.bus.drain()
         log.info("stopped")

@@ -213,3 +213,12 @@ def docker_host() -> Iterator[str]:
     with docker_daemon.docker_daemon() as daemon:
         docker_daemon.ensure_base_image(daemon.host)
         yield daemon.host
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A real PostgreSQL server for the session (its admin URL); each test makes its own database in it."""
+    from tests.infra.postgres import postgres_server
+
+    with postgres_server(free_port()) as admin:
+        yield admin

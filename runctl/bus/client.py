@@ -146,6 +146,8 @@ class ConsumerStats:
     redelivered: int = 0
     dead_lettered: int = 0
     last_error: str = ""
+    lag: int = 0
+    """Messages in the stream still to deliver after the last batch (0 once a fetch finds nothing new)."""
 
 
 class _AckBatch:
@@ -390,6 +392,7 @@ class Consumer:
             try:
                 msgs = await self.sub.fetch(self.spec.batch, timeout=fetch_timeout_s)
             except (TimeoutError, nats.errors.TimeoutError):
+                self.stats.lag = 0
                 continue
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                 return
@@ -397,6 +400,8 @@ class Consumer:
                 log.warning("fetch on %s failed: %s", self.spec.durable, e)
                 await asyncio.sleep(0.2)
                 continue
+            if msgs:
+                self.stats.lag = int(msgs[-1].metadata.num_pending)
             await self._process(msgs, handler)
 
     async def _process(self, msgs: list[Msg], handler: BatchHandler) -> None:
@@ -450,6 +455,14 @@ class Consumer:
         self.stats.errors += 1
         self.stats.last_error = f"{type(error).__name__}: {error}"
         log.warning("%s: %s", self.spec.durable, self.stats.last_error)
+
+
+def checked_event(data: bytes, subject: str) -> Event | str:
+    """The event a message carries, or why it is not a valid one (for readers that skip such messages)."""
+    try:
+        return _checked(parse_event(data), subject)
+    except EventError as e:
+        return str(e)
 
 
 def _checked(event: Event, subject: str) -> Event:

@@ -595,6 +595,65 @@ def proxy_serve(
         raise typer.Exit(1) from None
 
 
+tracker_app = typer.Typer(help="The tracker: the run record in SQL, its API and dashboard.", no_args_is_help=True)
+app.add_typer(tracker_app, name="tracker")
+
+
+@tracker_app.command("rebuild")
+def tracker_rebuild(
+    db: Annotated[
+        str | None,
+        typer.Option(help="The empty database to fill (default: RUNCTL_DB_URL, else the home's tracker.db)."),
+    ] = None,
+) -> None:
+    """Replay the event streams into an empty database: the same records the live tracker made."""
+    from runctl.bus import Bus
+    from services.tracker.db import make_engine
+    from services.tracker.rebuild import rebuild
+    from services.tracker.service import db_url
+
+    url = db or db_url()
+
+    async def go() -> Any:
+        bus = await Bus.connect(None)
+        try:
+            return await rebuild(bus, make_engine(url))
+        finally:
+            await bus.close()
+
+    report = _run(go)
+    console = _console()
+    read = ", ".join(f"{count} from {stream}" for stream, count in report.streams.items())
+    console.print(f"[green]rebuilt[/] {url.split('?')[0]}: {report.stored} events stored ({read})")
+    for reason in report.skipped:
+        console.print(f"[yellow]skipped[/] {_escape(reason)}")
+
+
+@app.command()
+def dashboard(
+    open_browser: Annotated[bool, typer.Option("--open", help="Also open it in the default browser.")] = False,
+) -> None:
+    """Print the dashboard's URL (the tracker serves it), after checking that the tracker answers."""
+    import httpx
+
+    from runctl.sdk import tracker_url
+
+    url = tracker_url().rstrip("/") + "/"
+    try:
+        httpx.get(url + "healthz", timeout=3).raise_for_status()
+    except httpx.HTTPError as e:
+        _console(stderr=True).print(
+            f"[red]the tracker does not answer at {url}[/] ({type(e).__name__}). "
+            "Fix: start the stack with `runctl up`, or set RUNCTL_TRACKER_URL to your cluster's tracker."
+        )
+        raise typer.Exit(1) from None
+    print(url)
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(url)
+
+
 def main() -> None:
     """Console entry point."""
     # Pydantic would scan every installed distribution's entry points for plugins (~80 ms a start with a full

@@ -85,6 +85,9 @@ class PhaseStarted(Payload):
     event_name: ClassVar[str] = "phase.started"
     publisher: ClassVar[str] = "runner (launcher)"
     phase: Phase
+    total: int | None = Field(None, ge=0)
+    """The units the phase will do, where known: trials for the loop of an infer or eval run, steps for a train run's
+    loop (so a dashboard can show progress)."""
 
 
 class ClusterReady(Payload):

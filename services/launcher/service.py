@@ -37,6 +37,7 @@ from runctl.events import (
 )
 from runctl.events.payloads import RUNS_STREAM, Payload
 from runctl.home import home
+from runctl.layout import run_folder
 from runctl.service import ServiceRuntime
 from runctl.subjects import event_filter, event_subject
 from services.launcher.engines import RunContext, make_engine
@@ -59,9 +60,7 @@ CONSUMER = ConsumerSpec(
 
 def run_dir_for(team: str, run_id: str, config: RunConfig) -> Path:
     """Where a run's artifacts go: ``OUTPUT_DIR``, else ``$RUNCTL_HOME/runs/<team>/<run_id>``."""
-    if config.output_dir:
-        return Path(config.output_dir)
-    return home() / "runs" / team / run_id
+    return run_folder(team, run_id, config.output_dir)
 
 
 def resources_for(config: RunConfig) -> dict[str, float]:

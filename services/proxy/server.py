@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from runctl.metrics import Counter, Gauge, Histogram, Registry
 from services.proxy import anthropic_surface as anth
 from services.proxy.http11 import (
     ClientGone,
@@ -38,7 +39,6 @@ from services.proxy.http11 import (
     UpstreamResponse,
     UpstreamTimeout,
 )
-from services.proxy.metrics import Counter, Gauge, Histogram, Registry
 from services.proxy.openai_surface import (
     CHAT,
     COMPLETIONS,

@@ -1,68 +1,265 @@
-"""The tracker's HTTP API (FastAPI): runs and their events, read from the projection."""
+"""The tracker's HTTP API (FastAPI; OpenAPI at ``/openapi.json``, browsable at ``/docs``) and the dashboard.
+
+JSON under ``/api``; the dashboard's pages at ``/``, ``/runs/<id>`` and ``/compare``, its assets under ``/static``;
+live updates as Server-Sent Events at ``/api/stream``; Prometheus at ``/metrics``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from services.tracker.db import EventRow, RunRow
+from services.tracker import artifacts, queries
+from services.tracker.db import EventRow, RunRow, TrialRow
+from services.tracker.live import KEEPALIVE_S, Notifier
 
 MAX_PAGE = 500
+MAX_POINTS = 5000
+STATIC = Path(__file__).parent / "static"
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+Offset = Annotated[int, Query(ge=0)]
 
 
-def make_app(engine: Engine) -> FastAPI:
-    """The API over a database engine."""
+def _split(value: str | None) -> list[str]:
+    return [v for v in (value or "").split(",") if v]
+
+
+def _db(request: Request) -> Iterator[Session]:
+    with Session(request.app.state.engine) as session:
+        yield session
+
+
+Db = Annotated[Session, Depends(_db)]
+router = APIRouter()
+
+
+def run_or_404(session: Session, run_id: str) -> RunRow:
+    run = session.get(RunRow, run_id)
+    if run is None:
+        raise HTTPException(status_code=404, detail=f"no run {run_id!r} is recorded; list the runs with GET /api/runs")
+    return run
+
+
+@router.get("/healthz")
+def healthz(session: Db) -> dict[str, Any]:
+    count = session.scalar(select(func.count()).select_from(EventRow))
+    return {"ok": True, "events": count}
+
+
+@router.get("/api/runs")
+def list_runs(
+    session: Db,
+    team: str | None = None,
+    state: str | None = None,
+    run_type: str | None = None,
+    exp_name: str | None = None,
+    limit: Limit = 100,
+    offset: Offset = 0,
+) -> dict[str, Any]:
+    """Runs, newest first, filtered by team, state, run type or experiment."""
+    query = select(RunRow)
+    for column, value in (
+        (RunRow.team, team),
+        (RunRow.state, state),
+        (RunRow.run_type, run_type),
+        (RunRow.exp_name, exp_name),
+    ):
+        if value is not None:
+            query = query.where(column == value)
+    total = session.scalar(select(func.count()).select_from(query.subquery()))
+    rows = session.scalars(
+        query.order_by(RunRow.submitted_at.desc().nulls_last(), RunRow.updated_at.desc(), RunRow.run_id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return {"total": total, "runs": [row.as_dict() for row in rows]}
+
+
+@router.get("/api/runs/{run_id}")
+def get_run(session: Db, run_id: str, events: bool = False) -> dict[str, Any]:
+    """One run with its resolved config (and, with ``events=true``, every event in order)."""
+    run = run_or_404(session, run_id)
+    body: dict[str, Any] = {"run": run.as_dict(), "resolved": run.resolved}
+    if events:
+        rows = session.scalars(
+            select(EventRow).where(EventRow.run_id == run_id).order_by(EventRow.time, EventRow.pk)
+        ).all()
+        body["events"] = [row.as_dict() for row in rows]
+    return body
+
+
+@router.get("/api/runs/{run_id}/events")
+def run_events(
+    session: Db, run_id: str, name: str | None = None, limit: Limit = 200, offset: Offset = 0
+) -> dict[str, Any]:
+    """The run's events in the order they happened, one page at a time; ``name`` keeps one kind."""
+    query = select(EventRow).where(EventRow.run_id == run_id)
+    if name is not None:
+        query = query.where(EventRow.name == name)
+    run_or_404(session, run_id)
+    total = session.scalar(select(func.count()).select_from(query.subquery()))
+    rows = session.scalars(query.order_by(EventRow.time, EventRow.pk).limit(limit).offset(offset)).all()
+    return {"total": total, "events": [row.as_dict() for row in rows]}
+
+
+@router.get("/api/runs/{run_id}/config")
+def run_config(session: Db, run_id: str) -> dict[str, Any]:
+    """The resolved config: every key, its value, and the layer that set it."""
+    return {"resolved": run_or_404(session, run_id).resolved}
+
+
+@router.get("/api/runs/{run_id}/timeline")
+def run_timeline(session: Db, run_id: str) -> dict[str, Any]:
+    run_or_404(session, run_id)
+    return {"marks": queries.timeline(session, run_id)}
+
+
+@router.get("/api/runs/{run_id}/validation")
+def run_validation(session: Db, run_id: str) -> dict[str, Any]:
+    run_or_404(session, run_id)
+    return queries.validation(session, run_id)
+
+
+@router.get("/api/runs/{run_id}/metrics/keys")
+def run_metric_keys(session: Db, run_id: str) -> dict[str, Any]:
+    run_or_404(session, run_id)
+    return {"keys": queries.metric_keys(session, run_id)}
+
+
+@router.get("/api/runs/{run_id}/metrics")
+def run_metrics(
+    session: Db,
+    run_id: str,
+    keys: Annotated[str | None, Query(description="Comma-separated keys; default: the standard five.")] = None,
+    max_points: Annotated[int, Query(ge=2, le=MAX_POINTS)] = 600,
+) -> dict[str, Any]:
+    """Metrics by step, each key downsampled to at most ``max_points`` (mean, min and max per bucket)."""
+    run_or_404(session, run_id)
+    return queries.metrics(session, run_id, _split(keys) or list(queries.DEFAULT_KEYS), max_points)
+
+
+@router.get("/api/runs/{run_id}/checkpoints")
+def run_checkpoints(session: Db, run_id: str) -> dict[str, Any]:
+    """Checkpoints by step, each with the state and score of the eval run requested for it."""
+    run_or_404(session, run_id)
+    return {"checkpoints": queries.checkpoints(session, run_id)}
+
+
+@router.get("/api/runs/{run_id}/tasks")
+def run_tasks(session: Db, run_id: str) -> dict[str, Any]:
+    """Pass rate and mean reward of each task in the run."""
+    run_or_404(session, run_id)
+    return {"tasks": queries.task_rates(session, run_id)}
+
+
+@router.get("/api/runs/{run_id}/trials")
+def run_trials(
+    session: Db,
+    run_id: str,
+    task: str | None = None,
+    termination_reason: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    limit: Limit = 200,
+    offset: Offset = 0,
+) -> dict[str, Any]:
+    """The run's trials, by task and trial, filtered by task, termination reason or reward range."""
+    query = select(TrialRow).where(TrialRow.run_id == run_id)
+    if task is not None:
+        query = query.where(TrialRow.task == task)
+    if termination_reason is not None:
+        query = query.where(TrialRow.termination_reason == termination_reason)
+    if min_reward is not None:
+        query = query.where(TrialRow.reward >= min_reward)
+    if max_reward is not None:
+        query = query.where(TrialRow.reward <= max_reward)
+    run_or_404(session, run_id)
+    total = session.scalar(select(func.count()).select_from(query.subquery()))
+    rows = session.scalars(
+        query.order_by(TrialRow.task, TrialRow.trial, TrialRow.time).limit(limit).offset(offset)
+    ).all()
+    return {"total": total, "trials": [row.as_dict() for row in rows]}
+
+
+@router.get("/api/runs/{run_id}/trials/{task}/{trial}")
+def run_trial(session: Db, run_id: str, task: str, trial: Annotated[int, PathParam(ge=0)]) -> dict[str, Any]:
+    """One trial: its record, its trajectory turn by turn, the verifier's output and the agent's logs."""
+    run = run_or_404(session, run_id)
+    return artifacts.trial_detail(run, task, trial)
+
+
+@router.get("/api/tasks/pass-rates")
+def pass_rates(
+    session: Db,
+    run_ids: Annotated[str, Query(description="Comma-separated run ids.")],
+    task: str | None = None,
+) -> dict[str, Any]:
+    """Each task's pass rate in each of the runs."""
+    return {"tasks": queries.pass_rates_across(session, _split(run_ids), task)}
+
+
+@router.get("/api/stream")
+async def stream(request: Request, run_id: str | None = None) -> StreamingResponse:
+    """Server-Sent Events: ``persisted`` whenever events of ``run_id`` (or of any run) are stored."""
+    state = request.app.state
+    return StreamingResponse(
+        state.notifier.stream(run_id, state.keepalive_s),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def prometheus(request: Request) -> PlainTextResponse:
+    metrics = request.app.state.metrics
+    body = metrics() if metrics is not None else b""
+    return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
+
+
+@router.get("/", include_in_schema=False)
+def runs_page() -> FileResponse:
+    return FileResponse(STATIC / "index.html")
+
+
+@router.get("/runs/{run_id}", include_in_schema=False)
+def run_page(run_id: str) -> FileResponse:
+    return FileResponse(STATIC / "run.html")
+
+
+@router.get("/compare", include_in_schema=False)
+def compare_page() -> FileResponse:
+    return FileResponse(STATIC / "compare.html")
+
+
+def make_app(
+    engine: Engine,
+    notifier: Notifier | None = None,
+    metrics: Callable[[], bytes] | None = None,
+    keepalive_s: float = KEEPALIVE_S,
+) -> FastAPI:
+    """The API and dashboard over a database engine.
+
+    Args:
+        engine: the projection's database.
+        notifier: where the projector announces committed batches (live updates); None serves a stream that only
+            keeps alive.
+        metrics: the service's Prometheus exposition, served at ``/metrics``.
+        keepalive_s: seconds between SSE keep-alive comments.
+    """
     app = FastAPI(title="runctl tracker", version="1", docs_url="/docs")
-
-    @app.get("/healthz")
-    def healthz() -> dict[str, Any]:
-        with Session(engine) as session:
-            count = session.scalar(select(func.count()).select_from(EventRow))
-        return {"ok": True, "events": count}
-
-    @app.get("/runs")
-    def list_runs(
-        team: str | None = None,
-        state: str | None = None,
-        run_type: str | None = None,
-        exp_name: str | None = None,
-        limit: int = Query(100, ge=1, le=MAX_PAGE),
-        offset: int = Query(0, ge=0),
-    ) -> dict[str, Any]:
-        """Runs, newest first, filtered by team, state, run type or experiment."""
-        query = select(RunRow)
-        for column, value in (
-            (RunRow.team, team),
-            (RunRow.state, state),
-            (RunRow.run_type, run_type),
-            (RunRow.exp_name, exp_name),
-        ):
-            if value is not None:
-                query = query.where(column == value)
-        with Session(engine) as session:
-            total = session.scalar(select(func.count()).select_from(query.subquery()))
-            rows = session.scalars(
-                query.order_by(RunRow.submitted_at.desc().nulls_last(), RunRow.run_id).limit(limit).offset(offset)
-            ).all()
-            return {"total": total, "runs": [row.as_dict() for row in rows]}
-
-    @app.get("/runs/{run_id}")
-    def get_run(run_id: str, events: bool = True) -> dict[str, Any]:
-        """One run with its resolved config and its events in the order they happened."""
-        with Session(engine) as session:
-            run = session.get(RunRow, run_id)
-            if run is None:
-                raise HTTPException(status_code=404, detail=f"no run {run_id!r} is recorded")
-            body: dict[str, Any] = {"run": run.as_dict(), "resolved": run.resolved}
-            if events:
-                rows = session.scalars(
-                    select(EventRow).where(EventRow.run_id == run_id).order_by(EventRow.time, EventRow.pk)
-                ).all()
-                body["events"] = [row.as_dict() for row in rows]
-            return body
-
+    app.state.engine = engine
+    app.state.notifier = notifier or Notifier()
+    app.state.metrics = metrics
+    app.state.keepalive_s = keepalive_s
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static")
     return app

@@ -1,11 +1,14 @@
-"""The tracker's tables (SQLAlchemy 2): one row per run, one row per event. SQLite by default."""
+"""The tracker's tables (SQLAlchemy 2): runs, events, and what the run pages read (metrics by step, checkpoints,
+trials). SQLite by default, PostgreSQL for a shared cluster; the schema is made and changed by the Alembic
+migrations in ``migrations/`` (see :func:`make_engine`)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Integer, String, create_engine, event
+from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, create_engine, event, inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -33,6 +36,8 @@ class RunRow(Base):
     num_trials: Mapped[int] = mapped_column(Integer, default=0)
     num_events: Mapped[int] = mapped_column(Integer, default=0)
     score: Mapped[float | None] = mapped_column(Float)
+    progress_total: Mapped[int | None] = mapped_column(Integer)
+    """Units the run's loop will do (trials of an infer or eval run, steps of a train run), from phase.started."""
     synthetic: Mapped[bool] = mapped_column(default=False)
     resolved: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -48,22 +53,39 @@ class RunRow(Base):
             "exp_name": self.exp_name,
             "engine": self.engine,
             "submitter": self.submitter,
-            "submitted_at": _iso(self.submitted_at),
-            "updated_at": _iso(self.updated_at),
-            "ended_at": _iso(self.ended_at),
+            "submitted_at": iso(self.submitted_at),
+            "updated_at": iso(self.updated_at),
+            "ended_at": iso(self.ended_at),
             "phase": self.phase,
             "last_step": self.last_step,
             "num_trials": self.num_trials,
             "num_events": self.num_events,
             "score": self.score,
+            "progress": self.progress(),
+            "duration_s": self.duration_s(),
             "synthetic": self.synthetic,
             "summary": self.summary,
             "error": self.error,
         }
 
+    def progress(self) -> dict[str, Any] | None:
+        if self.progress_total is None:
+            return None
+        if self.run_type == "train":
+            return {"done": self.last_step or 0, "total": self.progress_total, "unit": "steps"}
+        return {"done": self.num_trials or 0, "total": self.progress_total, "unit": "trials"}
+
+    def duration_s(self) -> float | None:
+        """Submitted to ended, or to now while the run is in flight."""
+        if self.submitted_at is None:
+            return None
+        end = self.ended_at or datetime.now(UTC)
+        return round((aware(end) - aware(self.submitted_at)).total_seconds(), 3)
+
 
 class EventRow(Base):
     __tablename__ = "events"
+    __table_args__ = (Index("ix_events_run_name_time", "run_id", "name", "time"),)
 
     pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(200), unique=True)
@@ -84,19 +106,95 @@ class EventRow(Base):
             "name": self.name,
             "type": self.type,
             "source": self.source,
-            "time": _iso(self.time),
+            "time": iso(self.time),
             "stream": self.stream,
             "stream_seq": self.stream_seq,
             "data": self.data,
         }
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+class MetricRow(Base):
+    """One metric of one step (``step.done``): narrow, so a page reads only the keys it draws."""
+
+    __tablename__ = "metrics"
+
+    run_id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    key: Mapped[str] = mapped_column(String(160), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value: Mapped[float | None] = mapped_column(Float)
+    """None for a value that was NaN or infinite (a diverged loss): drawn as a gap."""
+
+
+class CheckpointRow(Base):
+    """A checkpoint (``checkpoint.saved``) and the eval run requested for it (``eval.requested``), whichever
+    arrives first."""
+
+    __tablename__ = "checkpoints"
+
+    run_id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    path: Mapped[str | None] = mapped_column(String(1024))
+    format: Mapped[str | None] = mapped_column(String(8))
+    num_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    eval_run_id: Mapped[str | None] = mapped_column(String(160), index=True)
+
+
+class TrialRow(Base):
+    """One ``trial.finished``."""
+
+    __tablename__ = "trials"
+    __table_args__ = (Index("ix_trials_run_task", "run_id", "task"),)
+
+    event_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(160))
+    task: Mapped[str] = mapped_column(String(256))
+    trial: Mapped[int] = mapped_column(Integer)
+    reward: Mapped[float | None] = mapped_column(Float)
+    termination_reason: Mapped[str] = mapped_column(String(32))
+    durations_s: Mapped[dict[str, float]] = mapped_column(JSON)
+    tokens: Mapped[dict[str, int]] = mapped_column(JSON)
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "trial": self.trial,
+            "reward": self.reward,
+            "termination_reason": self.termination_reason,
+            "durations_s": self.durations_s,
+            "tokens": self.tokens,
+            "time": iso(self.time),
+        }
+
+
+def iso(value: datetime | None) -> str | None:
+    return aware(value).isoformat() if value is not None else None
+
+
+def aware(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every time stored is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def normalized_url(url: str) -> str:
+    """A PostgreSQL URL without a driver gets psycopg 3 (the driver runctl installs), not SQLAlchemy's default."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
 
 
 def make_engine(url: str) -> Engine:
-    """A database engine with the tables created; SQLite gets WAL and a relaxed fsync for ingest speed."""
+    """A database engine with its schema migrated to the newest revision.
+
+    SQLite gets WAL and a relaxed fsync for ingest speed. A database made before the tracker used migrations
+    (its tables, no ``alembic_version``) is recognised as revision 0001 and upgraded from there.
+    """
+    url = normalized_url(url)
     is_sqlite = url.startswith("sqlite")
     engine = create_engine(url, connect_args={"check_same_thread": False} if is_sqlite else {})
     if is_sqlite:
@@ -109,5 +207,20 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA busy_timeout=5000")
             cursor.close()
 
-    Base.metadata.create_all(engine)
+    migrate(engine)
     return engine
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (Alembic), in one transaction."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        tables = set(inspect(conn).get_table_names())
+        if "runs" in tables and "alembic_version" not in tables:
+            command.stamp(config, "0001")
+        command.upgrade(config, revision)

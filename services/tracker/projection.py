@@ -1,9 +1,14 @@
-"""Events into rows. Idempotent: an event id already stored is skipped, and the run state only moves forward."""
+"""Events into rows. Idempotent: an event id already stored is skipped, and the run state only moves forward.
+
+Order-tolerant: the runs stream and the trials stream are consumed separately, so a run's rows may be built
+from its events in any interleaving of the two; every row comes out the same (a rebuild from the streams yields
+the records the live projection made)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from datetime import datetime
 from typing import Any
@@ -12,8 +17,10 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from runctl.events import (
+    CheckpointSaved,
     ConfigRejected,
     ConfigSubmitted,
+    EvalRequested,
     Event,
     PhaseStarted,
     RunFailed,
@@ -24,7 +31,7 @@ from runctl.events import (
     next_state,
 )
 from runctl.events.state import TERMINAL
-from services.tracker.db import Base, EventRow, RunRow
+from services.tracker.db import Base, CheckpointRow, EventRow, MetricRow, RunRow, TrialRow
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,7 @@ def project(conn: Connection, batch: list[tuple[Event, int]]) -> list[str]:
     run_ids = {event.runid for event in new}
     found = {row.run_id: row for row in conn.execute(select(runs_table).where(runs_table.c.run_id.in_(run_ids)))}
     runs: dict[str, RunRow] = {}
+    derived = _Derived()
     for event in new:
         run = runs.get(event.runid)
         if run is None:
@@ -79,17 +87,82 @@ def project(conn: Connection, batch: list[tuple[Event, int]]) -> list[str]:
             )
             continue
         apply_to_run(run, event)
+        derived.add(event)
     for run_id, run in runs.items():
         values = {column.name: getattr(run, column.name) for column in runs_table.columns}
         if run_id in found:
             conn.execute(update(runs_table).where(runs_table.c.run_id == run_id).values(values))
         else:
             conn.execute(insert(runs_table).values(values))
+    derived.write(conn)
     return [event.id for event in new]
 
 
 def _new_run(event: Event) -> RunRow:
     return RunRow(run_id=event.runid, team=event.team, num_trials=0, num_events=0, synthetic=False)
+
+
+class _Derived:
+    """The metric, checkpoint and trial rows of a batch's new events, written in a few statements."""
+
+    def __init__(self) -> None:
+        self.metrics: list[dict[str, Any]] = []
+        self.trials: list[dict[str, Any]] = []
+        self.checkpoints: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def add(self, event: Event) -> None:
+        data = event.data
+        if isinstance(data, StepDone):
+            self.metrics += [
+                {"run_id": event.runid, "key": key, "step": data.step, "value": value if math.isfinite(value) else None}
+                for key, value in data.metrics.items()
+            ]
+        elif isinstance(data, TrialFinished):
+            self.trials.append(
+                {
+                    "event_id": event.id,
+                    "run_id": event.runid,
+                    "task": data.task,
+                    "trial": data.trial,
+                    "reward": data.reward,
+                    "termination_reason": data.termination_reason,
+                    "durations_s": data.durations_s,
+                    "tokens": data.tokens,
+                    "time": event.time,
+                }
+            )
+        elif isinstance(data, CheckpointSaved):
+            row = self.checkpoints.setdefault((event.runid, data.step), {})
+            row |= {"path": data.path, "format": data.format, "num_bytes": data.num_bytes, "time": event.time}
+        elif isinstance(data, EvalRequested):
+            self.checkpoints.setdefault((data.parent_run, data.checkpoint_step), {})["eval_run_id"] = data.eval_run_id
+
+    def write(self, conn: Connection) -> None:
+        if self.metrics:
+            _insert_missing(conn, MetricRow.__tablename__, self.metrics, ["run_id", "key", "step"])
+        if self.trials:
+            _insert_missing(conn, TrialRow.__tablename__, self.trials, ["event_id"])
+        table = Base.metadata.tables[CheckpointRow.__tablename__]
+        for (run_id, step), values in self.checkpoints.items():
+            # One checkpoint row, whichever of checkpoint.saved and eval.requested comes first; a repeat of either
+            # (a resumed run saving the step again) sets the same columns again.
+            where = (table.c.run_id == run_id) & (table.c.step == step)
+            if conn.execute(update(table).where(where).values(values)).rowcount == 0:
+                conn.execute(insert(table).values(run_id=run_id, step=step, **values))
+
+
+def _insert_missing(conn: Connection, name: str, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    """Insert rows whose key is not stored yet (the first value of a metric step wins: live and rebuild agree)."""
+    table = Base.metadata.tables[name]
+    dialect = conn.dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        module = sqlite if dialect == "sqlite" else postgresql
+        conn.execute(module.insert(table).on_conflict_do_nothing(index_elements=keys), rows)
+        return
+    for row in rows:
+        where = [table.c[k] == row[k] for k in keys]
+        if conn.execute(select(table.c[keys[0]]).where(*where)).first() is None:
+            conn.execute(insert(table).values(row))
 
 
 def _insert_new_events(conn: Connection, rows: list[dict[str, Any]]) -> set[str]:
@@ -125,6 +198,8 @@ def apply_to_run(run: RunRow, event: Event) -> None:
         run.resolved = data.resolved
     elif isinstance(data, PhaseStarted) and current not in TERMINAL:
         run.phase = data.phase
+        if data.total is not None:
+            run.progress_total = data.total
     elif isinstance(data, TrialFinished):
         run.num_trials = (run.num_trials or 0) + 1
     elif isinstance(data, StepDone):

@@ -22,10 +22,12 @@ from runctl.bus import Bus, ConsumerSpec, Delivery
 from runctl.events import Event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
 from runctl.home import home
+from runctl.metrics import Gauge
 from runctl.service import ServiceRuntime
 from runctl.subjects import persisted_subject
 from services.tracker.api import make_app
 from services.tracker.db import EventRow, make_engine
+from services.tracker.live import Notifier
 from services.tracker.projection import project
 
 log = logging.getLogger(__name__)
@@ -51,9 +53,10 @@ class Projector:
     batch): the two stream consumers can never interleave a commit, and there is no thread hand-off, which under
     the GIL's 5 ms switch interval cost more latency than the write itself."""
 
-    def __init__(self, engine: Engine, bus: Bus) -> None:
+    def __init__(self, engine: Engine, bus: Bus, notifier: Notifier) -> None:
         self.engine = engine
         self.bus = bus
+        self.notifier = notifier
         self.stored = 0
 
     def write(self, batch: list[tuple[Event, int]]) -> tuple[list[str], float]:
@@ -67,6 +70,9 @@ class Projector:
         if ids:
             notice = {"ids": ids, "committed_at": committed_at}
             await self.bus.nc.publish(persisted_subject(), json.dumps(notice).encode())
+            stored = set(ids)
+            events = [d.event for d in batch if d.event.id in stored]
+            self.notifier.publish(sorted({e.runid for e in events}), sorted({e.name for e in events}), len(ids))
 
 
 class _Server(uvicorn.Server):
@@ -81,10 +87,24 @@ async def main(runtime: ServiceRuntime) -> None:
     assert runtime.bus is not None
     url = db_url()
     engine = make_engine(url)
-    projector = Projector(engine, runtime.bus)
+    notifier = Notifier()
+    projector = Projector(engine, runtime.bus, notifier)
+    metrics = runtime.metrics
+    metrics.add(
+        Gauge(
+            "runctl_tracker_events_stored_total",
+            "Events stored by this tracker process (repeats excluded).",
+            (),
+            lambda: {(): float(projector.stored)},
+            kind="counter",
+        )
+    )
+    clients = Gauge("runctl_tracker_live_clients", "Open live-update streams.", (), lambda: {(): notifier.num_clients})
+    metrics.add(clients)
     host = os.environ.get("RUNCTL_TRACKER_HOST", "127.0.0.1")
     port = int(os.environ.get("RUNCTL_TRACKER_PORT", DEFAULT_PORT))
-    server = _Server(uvicorn.Config(make_app(engine), host=host, port=port, log_level="warning", lifespan="off"))
+    app = make_app(engine, notifier, metrics.render)
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
 
     def health() -> dict[str, object]:
         with Session(engine) as session:

@@ -57,7 +57,7 @@ def expected_names(num_steps: int, n_resp: int, save_freq: int) -> list[str]:
 
 
 def tracked(services: Services, run_id: str) -> dict[str, Any] | None:
-    response = httpx.get(f"{services.tracker_url}/runs/{run_id}", timeout=5)
+    response = httpx.get(f"{services.tracker_url}/api/runs/{run_id}?events=true", timeout=5)
     return response.json() if response.status_code == 200 else None
 
 

@@ -69,7 +69,7 @@ async def test_projection_is_idempotent_and_order_tolerant(tmp_path: Path) -> No
     assert len(store(engine, late + events)) == 3  # repeats skipped, the late ones stored
     assert store(engine, events) == []
     client = Client(make_app(engine))
-    record = (await client.get(f"/runs/{run_id}")).json()
+    record = (await client.get(f"/api/runs/{run_id}", params={"events": "true"})).json()
     run = record["run"]
     assert run["state"] == "succeeded"  # the late config.submitted did not move it back
     assert (run["num_events"], run["num_trials"], run["last_step"], run["score"]) == (7, 1, 1, 1.0)
@@ -85,19 +85,19 @@ async def test_runs_are_listed_newest_first_and_filtered(tmp_path: Path) -> None
     store(engine, [first, second])
     store(engine, [ev(RunFailed(phase="ray", error_type="X", message="m"), first.runid, 1)])
     client = Client(make_app(engine))
-    all_runs = (await client.get("/runs")).json()
+    all_runs = (await client.get("/api/runs")).json()
     assert all_runs["total"] == 2
-    assert (await client.get("/runs", params={"team": "vision"})).json()["runs"][0]["run_id"] == second.runid
-    failed = (await client.get("/runs", params={"state": "failed"})).json()["runs"]
+    assert (await client.get("/api/runs", params={"team": "vision"})).json()["runs"][0]["run_id"] == second.runid
+    failed = (await client.get("/api/runs", params={"state": "failed"})).json()["runs"]
     assert [r["run_id"] for r in failed] == [first.runid]
     assert failed[0]["error"] == {"phase": "ray", "error_type": "X", "message": "m"}
-    assert (await client.get("/runs", params={"limit": 1})).json()["total"] == 2
-    assert len((await client.get("/runs", params={"limit": 1})).json()["runs"]) == 1
-    assert (await client.get("/runs", params={"limit": 0})).status_code == 422
+    assert (await client.get("/api/runs", params={"limit": 1})).json()["total"] == 2
+    assert len((await client.get("/api/runs", params={"limit": 1})).json()["runs"]) == 1
+    assert (await client.get("/api/runs", params={"limit": 0})).status_code == 422
 
 
 async def test_unknown_run_is_a_404_with_a_message(tmp_path: Path) -> None:
     client = Client(make_app(make_engine(f"sqlite:///{tmp_path / 't.db'}")))
-    response = await client.get("/runs/nope")
+    response = await client.get("/api/runs/nope")
     assert response.status_code == 404
     assert "nope" in response.json()["detail"]

@@ -57,10 +57,11 @@ class RunContext:
     def num_trials(self) -> int:
         return int(self.progress.get("num_trials", 0))
 
-    async def enter_phase(self, phase: Phase) -> None:
+    async def enter_phase(self, phase: Phase, total: int | None = None) -> None:
+        """Announce a phase; ``total`` is the units it will do where known (trials or steps of the loop)."""
         self.phase = phase
         self.progress["phase"] = phase  # saved with the next progress: where a crashed runner was
-        await self.emit(PhaseStarted(phase=phase), f"phase.{phase}{self.key_suffix}")
+        await self.emit(PhaseStarted(phase=phase, total=total), f"phase.{phase}{self.key_suffix}")
 
     async def save(self, **progress: Any) -> None:
         """Record how far the run got, so a restarted launcher resumes from here."""

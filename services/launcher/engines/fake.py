@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from runctl.config import TrainConfig
-from runctl.events import CheckpointSaved, ClusterReady, ReplicasReady, StepDone, TrialFinished
+from runctl.events import CheckpointSaved, ClusterReady, PhaseStarted, ReplicasReady, StepDone, TrialFinished
 from runctl.events.payloads import Payload, Phase
 from services.launcher.engines.base import Outcome, RunContext
 from services.launcher.errors import EngineError
@@ -69,7 +69,8 @@ class FakeEngine:
         )
         yield "replicas", "replicas", replicas
         yield "proxy", "phase", None
-        yield "loop", "phase", None
+        total = config.fake_num_steps if isinstance(config, TrainConfig) else NUM_FAKE_TASKS * config.fake_num_steps
+        yield "loop", "phase", PhaseStarted(phase="loop", total=total)
         if isinstance(config, TrainConfig):
             yield from self._train_units(ctx, config)
         else:
@@ -117,8 +118,8 @@ class FakeEngine:
                 ctx.phase = phase
                 continue
             ctx.check_cancelled()
-            if payload is None:
-                await ctx.enter_phase(phase)
+            if payload is None or isinstance(payload, PhaseStarted):
+                await ctx.enter_phase(phase, total=payload.total if payload else None)
                 if fail_at and _phase_matches(fail_at, phase):
                     raise EngineError(f"FAKE_FAIL_AT={fail_at}: synthetic failure in phase {phase}", phase=phase)
             else:

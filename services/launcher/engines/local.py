@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from runctl import layout
 from runctl.config import EvalConfig, InferConfig, RunConfig, TrainConfig
 from runctl.config.models import is_secret
 from runctl.errors import TaskError
@@ -115,7 +116,6 @@ class LocalEngine:
                 if not await proxy.wait_ready(60):
                     raise EngineError("the proxy found no healthy replica within 60 s", phase="proxy")
 
-            await ctx.enter_phase("loop")
             labels = {"runctl.team": ctx.team, "runctl.run": ctx.run_id}
 
             async def publish(record: dict[str, Any]) -> None:
@@ -124,6 +124,7 @@ class LocalEngine:
 
             trials_dir = trials_folder(config, ctx.run_dir)
             loop = TrialLoop(tasks, trials_dir, settings, backend, image_for, proxy, labels, publish)
+            await ctx.enter_phase("loop", total=loop.total)
             todo = await loop.recover()
             log.info("%d of %d trials already done; %d to run", len(loop.records), loop.total, len(todo))
             ctx.progress["num_trials"] = len(loop.records)
@@ -230,9 +231,7 @@ def select_tasks(config: InferConfig | EvalConfig) -> tuple[TaskIndex, list[Inde
 
 
 def trials_folder(config: InferConfig | EvalConfig, run_dir: Path) -> Path:
-    if isinstance(config, InferConfig) and config.results_dir:
-        return Path(config.results_dir)
-    return run_dir / "trials"
+    return layout.trials_folder(run_dir, config.results_dir if isinstance(config, InferConfig) else None)
 
 
 def write_resolved_config(config: RunConfig, run_dir: Path) -> None:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-PASS_THRESHOLD = 1.0
+from runctl.layout import PASS_THRESHOLD
+
 Z_95 = 1.959963984540054
 Bucket = Literal["all-pass", "partial", "all-fail", "no-result"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import shutil
 import sys
 import time
@@ -28,6 +27,7 @@ import httpx
 import orjson
 
 from runctl.events import TrialFinished
+from runctl.layout import TRAJECTORY, TRIAL_RECORD, trial_folder
 from runctl.tasks import Task
 from services.launcher.errors import EngineError
 from services.launcher.runner.installed_agent import InstalledAgent
@@ -38,7 +38,7 @@ from services.sandbox.backends.base import Backend
 from services.sandbox.trial import TrialRunner
 
 log = logging.getLogger(__name__)
-RECORD = "trial.json"
+RECORD = TRIAL_RECORD
 PUBLISHED = "published"
 
 
@@ -60,10 +60,6 @@ class LoopSettings:
     socket_dir: Path | None = None
     """Where the proxy's Unix socket is (installed agents reach the proxy through it)."""
     local_backend: bool = True
-
-
-def trial_dir(trials_dir: Path, task_id: str, trial: int) -> Path:
-    return trials_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", task_id) / f"trial-{trial}"
 
 
 class TimedBackend:
@@ -131,7 +127,7 @@ class TrialLoop:
         """Publish finished-but-unpublished trials, clear cut-short ones; return the trials still to run."""
         todo = []
         for task, k in self.pairs():
-            folder = trial_dir(self.trials_dir, task.id, k)
+            folder = trial_folder(self.trials_dir, task.id, k)
             record_path = folder / RECORD
             if record_path.is_file():
                 record = json.loads(record_path.read_text())
@@ -165,7 +161,7 @@ class TrialLoop:
                 except BaseException:
                     failed.set()
                     raise
-                folder = trial_dir(self.trials_dir, task.id, k)
+                folder = trial_folder(self.trials_dir, task.id, k)
                 await self.publish(record)
                 (folder / PUBLISHED).touch()
                 self.records.append(record)
@@ -181,7 +177,7 @@ class TrialLoop:
 
     async def trial(self, task: Task, k: int) -> dict[str, Any]:
         started = time.monotonic()
-        folder = trial_dir(self.trials_dir, task.id, k)
+        folder = trial_folder(self.trials_dir, task.id, k)
         loop = asyncio.get_running_loop()
         attempts = 0
         while True:
@@ -207,7 +203,7 @@ class TrialLoop:
                 phase="loop",
             )
         if trajectory is not None:
-            (folder / "trajectory.json").write_bytes(orjson.dumps(trajectory))
+            (folder / TRAJECTORY).write_bytes(orjson.dumps(trajectory))
         model_s = getattr(agent, "model_seconds", 0.0)
         sandbox_s = timed.seconds  # every backend call, the agent's commands included
         wall = time.monotonic() - started

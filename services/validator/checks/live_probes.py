@@ -44,7 +44,7 @@ def no_conflicting_run(ctx: Context) -> Verdict:
     c, url = ctx.config, tracker_url()
     params: dict[str, str | int] = {"team": c.team, "exp_name": c.exp_name, "limit": 500}
     try:
-        runs = httpx.get(f"{url}/runs", params=params, timeout=2.0).raise_for_status().json()["runs"]
+        runs = httpx.get(f"{url}/api/runs", params=params, timeout=2.0).raise_for_status().json()["runs"]
     except (httpx.HTTPError, ValueError, KeyError) as e:
         return skip(f"the tracker at {url} does not answer ({type(e).__name__})")
     live = [r for r in runs if r.get("state") in LIVE_STATES and r.get("project_name") == c.project_name]

@@ -1,4 +1,4 @@
-"""Prometheus text exposition for the proxy: counters, gauges read at scrape time, and latency histograms.
+"""Prometheus text exposition for every service: counters, values read at scrape time, and latency histograms.
 
 Plain dictionaries keyed by label values: an increment on the request path is one dictionary update.
 """
@@ -38,15 +38,20 @@ class Counter:
 
 
 class Gauge:
-    """Read when scraped: ``read`` returns {label values: value}."""
+    """Read when scraped: ``read`` returns {label values: value}. ``kind="counter"`` for a count kept elsewhere."""
 
     def __init__(
-        self, name: str, help_: str, labels: tuple[str, ...], read: Callable[[], dict[tuple[str, ...], float]]
+        self,
+        name: str,
+        help_: str,
+        labels: tuple[str, ...],
+        read: Callable[[], dict[tuple[str, ...], float]],
+        kind: str = "gauge",
     ) -> None:
-        self.name, self.help, self.labels, self.read = name, help_, labels, read
+        self.name, self.help, self.labels, self.read, self.kind = name, help_, labels, read, kind
 
     def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}\n# TYPE {self.name} gauge\n"
+        yield f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.kind}\n"
         for values, v in self.read().items():
             yield f"{self.name}{_labels(self.labels, values)} {v:g}\n"
 

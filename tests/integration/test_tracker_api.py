@@ -1,0 +1,249 @@
+"""The tracker's API over a recorded event stream, on SQLite and on a real PostgreSQL server.
+
+The stream (``tests/data/tracker/stream.jsonl``, see its README) holds a fake-engine train run with 40 steps and
+4 checkpoints, each evaluated by an eval run, a rejected run, and a real CPU infer run and eval run whose trial
+folders are under ``tests/data/tracker/home``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import Engine
+
+from runctl.events import Event, parse_event
+from services.tracker.api import make_app
+from services.tracker.db import Base, make_engine, migrate
+from services.tracker.projection import project
+from tests.conftest import ROOT
+from tests.infra.postgres import new_database
+
+pytestmark = pytest.mark.integration
+
+DATA = ROOT / "tests" / "data" / "tracker"
+TRAIN = "grpo-fake-20261130-ece8"
+INFER = "infer-cpu-20261130-92e5"
+EVAL = "eval-cpu-20261130-1e11"
+REJECTED = "grpo-tp3-20261130-0410"
+_names = count()
+
+
+def recorded() -> list[Event]:
+    return [parse_event(line.encode()) for line in (DATA / "stream.jsonl").read_text().splitlines() if line]
+
+
+def load(engine: Engine, events: list[Event], batch: int = 100) -> int:
+    stored = 0
+    for start in range(0, len(events), batch):
+        with engine.begin() as conn:
+            stored += len(project(conn, [(e, i) for i, e in enumerate(events[start : start + batch], start + 1)]))
+    return stored
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'tracker.db'}"
+    admin: str = request.getfixturevalue("postgres")
+    return new_database(admin, f"t{next(_names)}")
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    engine = make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def api(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[httpx.Client]:
+    monkeypatch.setenv("RUNCTL_HOME", str(DATA / "home"))
+    assert load(engine, recorded()) == len(recorded())
+    with TestClient(make_app(engine), base_url="http://tracker") as client:
+        yield client
+
+
+def get(api: httpx.Client, path: str, **params: Any) -> Any:
+    response = api.get(path, params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_schema_made_by_the_migrations_is_the_models_schema(engine: Engine) -> None:
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0002"
+
+
+def test_a_database_made_before_migrations_is_upgraded_in_place(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = create_engine(url)
+    migrate(old, "0001")
+    with old.begin() as conn:  # the tables as create_all made them, with no record of a revision
+        conn.execute(text("DROP TABLE alembic_version"))
+        conn.execute(
+            text("INSERT INTO runs (run_id, team, num_trials, num_events, synthetic) VALUES ('r1', 'nlp', 0, 0, 0)")
+        )
+    old.dispose()
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        assert {"metrics", "checkpoints", "trials"} <= set(inspect(conn).get_table_names())
+        assert conn.scalar(text("SELECT run_id FROM runs")) == "r1"  # nothing lost
+    engine.dispose()
+
+
+def test_projection_is_idempotent_under_redelivery(engine: Engine) -> None:
+    events = recorded()
+    assert load(engine, events) == len(events)
+    assert load(engine, events[::-1], batch=37) == 0  # every event again, reordered: nothing new
+    with engine.connect() as conn:
+        counts = {t: conn.scalar(text(f"SELECT count(*) FROM {t}")) for t in ("events", "metrics", "trials")}
+        trials = conn.scalar(text(f"SELECT num_trials FROM runs WHERE run_id = '{TRAIN}'"))
+    assert counts == {"events": len(events), "metrics": 40 * 5, "trials": 320 + 4 * 8 + 12 + 6}
+    assert trials == 320
+
+
+def test_runs_are_filtered_paged_and_show_progress_and_score(api: httpx.Client) -> None:
+    everything = get(api, "/api/runs")
+    assert everything["total"] == 8
+    ids = [r["run_id"] for r in everything["runs"]]
+    submitted = {e.runid: e.time for e in recorded() if e.name == "config.submitted"}
+    assert ids == sorted(submitted, key=lambda run_id: submitted[run_id], reverse=True)  # newest first
+    evals = get(api, "/api/runs", run_type="eval")
+    assert evals["total"] == 5
+    assert [r["run_id"] for r in get(api, "/api/runs", state="rejected")["runs"]] == [REJECTED]
+    assert get(api, "/api/runs", team="nlp")["total"] == 1
+    assert [r["run_id"] for r in get(api, "/api/runs", exp_name="infer-cpu")["runs"]] == [INFER]
+    page = get(api, "/api/runs", limit=3, offset=3)
+    assert (page["total"], [r["run_id"] for r in page["runs"]]) == (8, ids[3:6])
+    train = next(r for r in everything["runs"] if r["run_id"] == TRAIN)
+    assert train["progress"] == {"done": 40, "total": 40, "unit": "steps"}
+    assert (train["state"], train["score"], train["synthetic"]) == ("succeeded", 0.375, True)
+    infer = next(r for r in everything["runs"] if r["run_id"] == INFER)
+    assert infer["progress"] == {"done": 12, "total": 12, "unit": "trials"}
+    assert infer["score"] == pytest.approx(0.583333)
+    assert infer["duration_s"] == pytest.approx(44.0, abs=15)
+    assert api.get("/api/runs", params={"limit": 0}).status_code == 422
+
+
+def test_metrics_are_selected_by_key_and_downsampled(api: httpx.Client) -> None:
+    steps = {e.data.step: e.data.metrics for e in recorded() if e.name == "step.done"}  # type: ignore[union-attr]
+    keys = get(api, f"/api/runs/{TRAIN}/metrics/keys")["keys"]
+    assert keys == sorted(steps[1])
+    full = get(api, f"/api/runs/{TRAIN}/metrics", keys="actor/entropy")
+    assert list(full["series"]) == ["actor/entropy"] and not full["downsampled"]
+    assert full["series"]["actor/entropy"]["steps"] == list(range(1, 41))
+    assert full["series"]["actor/entropy"]["values"] == [steps[s]["actor/entropy"] for s in range(1, 41)]
+    small = get(api, f"/api/runs/{TRAIN}/metrics", keys="critic/score/mean,response_length/mean", max_points=8)
+    assert small["downsampled"] and small["num_steps"] == 40
+    lengths = small["series"]["response_length/mean"]
+    assert lengths["steps"] == [5, 10, 15, 20, 25, 30, 35, 40]  # each bucket drawn at its last step
+    assert lengths["values"][0] == pytest.approx(sum(steps[s]["response_length/mean"] for s in range(1, 6)) / 5)
+    assert (lengths["min"][-1], lengths["max"][-1]) == (steps[36]["response_length/mean"], 600.0)
+    default = get(api, f"/api/runs/{TRAIN}/metrics")
+    assert set(default["series"]) == set(steps[1])  # the five standard curves
+    assert get(api, f"/api/runs/{INFER}/metrics")["series"] == {}
+
+
+def test_checkpoints_carry_the_score_of_their_eval_run(api: httpx.Client) -> None:
+    checkpoints = get(api, f"/api/runs/{TRAIN}/checkpoints")["checkpoints"]
+    assert [c["step"] for c in checkpoints] == [10, 20, 30, 40]
+    assert all(c["eval_state"] == "succeeded" and c["eval_score"] == 0.375 for c in checkpoints)
+    assert checkpoints[0]["eval_run_id"].startswith("eval-step10-")
+    assert checkpoints[-1]["path"].endswith("checkpoints/global_step_40") and checkpoints[-1]["format"] == "hf"
+
+
+def test_the_timeline_runs_from_submission_to_the_end_with_durations(api: httpx.Client) -> None:
+    marks = get(api, f"/api/runs/{TRAIN}/timeline")["marks"]
+    names = [m["name"] for m in marks]
+    for earlier, later in zip(
+        ["submitted", "validated", "queued", "admitted", "cluster.ready", "replicas.ready", "step 1", "checkpoint 10"],
+        ["validated", "queued", "admitted", "cluster.ready", "replicas.ready", "step 1", "checkpoint 10", "step 40"],
+        strict=True,
+    ):
+        assert names.index(earlier) < names.index(later), names
+    assert names[-1] == "succeeded" and "phase:loop" in names
+    assert marks[0]["since_start_s"] == 0 and marks[0]["since_prev_s"] is None
+    total = sum(m["since_prev_s"] for m in marks[1:])
+    assert total == pytest.approx(marks[-1]["since_start_s"], abs=0.01)
+    assert marks[-1]["detail"] == "score 0.375"
+
+
+def test_the_validation_report_names_every_check(api: httpx.Client) -> None:
+    report = get(api, f"/api/runs/{REJECTED}/validation")
+    assert report["verdict"] == "rejected"
+    fatal = [c for c in report["checks"] if c["severity"] == "fatal"]
+    assert fatal and all(c["message"] and c["fix"] for c in fatal)
+    assert get(api, f"/api/runs/{TRAIN}/validation")["verdict"] == "validated"
+    assert get(api, f"/api/runs/{INFER}/validation") == {"verdict": None, "checks": []}
+
+
+def test_trials_filter_and_pass_rates(api: httpx.Client) -> None:
+    assert get(api, f"/api/runs/{INFER}/trials")["total"] == 12
+    say_yes = get(api, f"/api/runs/{INFER}/trials", task="say-yes")
+    assert [t["trial"] for t in say_yes["trials"]] == [0, 1, 2, 3]
+    assert get(api, f"/api/runs/{INFER}/trials", min_reward=1)["total"] == 7
+    assert get(api, f"/api/runs/{INFER}/trials", max_reward=0)["total"] == 5
+    assert get(api, f"/api/runs/{INFER}/trials", termination_reason="max_turns")["total"] == 0
+    page = get(api, f"/api/runs/{TRAIN}/trials", limit=50, offset=300)
+    assert (page["total"], len(page["trials"])) == (320, 20)
+    rates = {t["task"]: t["pass_rate"] for t in get(api, f"/api/runs/{INFER}/tasks")["tasks"]}
+    assert rates == {"count-files": 0.0, "say-yes": 0.75, "write-done": 1.0}
+    across = get(api, "/api/tasks/pass-rates", run_ids=f"{INFER},{EVAL}")["tasks"]
+    by_task = {t["task"]: t["runs"] for t in across}
+    assert by_task["write-done"][EVAL]["pass_rate"] == 1.0 and by_task["say-no"][EVAL]["pass_rate"] == 0.5
+    assert set(by_task["count-files"]) == {INFER, EVAL}
+
+
+def test_a_trial_is_told_turn_by_turn_from_its_folder(api: httpx.Client) -> None:
+    detail = get(api, f"/api/runs/{INFER}/trials/write-done/1")
+    assert detail["found"] and detail["reward"] == 1.0
+    first, second = detail["turns"]
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert first["messages"][1]["content"] == "Write done into answer.txt."
+    assert first["response"]["tool_calls"] == [{"name": "bash", "arguments": '{"command": "echo done > answer.txt"}'}]
+    assert first["tool_results"] == [{"command": "echo done > answer.txt", "output": ""}]
+    assert [m["role"] for m in second["messages"]] == ["tool"]  # the answer it follows is the first turn's
+    assert second["response"]["content"] == "Done." and second["tool_results"] == []
+    assert detail["verifier"]["reward.txt"].strip() == "1"
+    assert "agent/terminal.jsonl" in detail["logs"]
+    missing = get(api, f"/api/runs/{TRAIN}/trials/fake-task-0/0")
+    assert missing["found"] is False and missing["turns"] == []
+
+
+def test_unknown_runs_are_a_404_that_says_how_to_find_one(api: httpx.Client) -> None:
+    for path in ("/api/runs/nope", "/api/runs/nope/metrics", "/api/runs/nope/trials/a/0"):
+        response = api.get(path)
+        assert response.status_code == 404
+        assert "no run 'nope'" in response.json()["detail"] and "/api/runs" in response.json()["detail"]
+
+
+def test_the_openapi_description_is_published(api: httpx.Client) -> None:
+    paths = get(api, "/openapi.json")["paths"]
+    for path in ("/api/runs", "/api/runs/{run_id}/metrics", "/api/runs/{run_id}/trials/{task}/{trial}", "/api/stream"):
+        assert path in paths
+    assert "/" not in paths  # the dashboard's pages are not API
+
+
+def test_the_dashboard_pages_are_served(api: httpx.Client) -> None:
+    for path in ("/", f"/runs/{TRAIN}", f"/compare?runs={TRAIN},{INFER}"):
+        response = api.get(path)
+        assert response.status_code == 200 and "text/html" in response.headers["content-type"]
+    assert api.get("/static/chart.js").status_code == 200
+
+
+def test_recorded_stream_holds_what_this_file_expects() -> None:
+    events = recorded()
+    assert len({e.id for e in events}) == len(events)
+    lines = (DATA / "stream.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["specversion"] == "1.0" for line in lines)
