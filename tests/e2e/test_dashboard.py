@@ -1,0 +1,234 @@
+"""The dashboard in headless Chromium (Debian's, driven by Playwright; no browser is downloaded), served by the
+real tracker app over HTTP and fed the recorded event stream (``tests/data/tracker``). Screenshots are saved under
+``test-artifacts/dashboard/``."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from sqlalchemy.engine import Engine
+
+from runctl.config import load_config
+from runctl.events import Event, PhaseStarted, StepDone, new_event
+from runctl.sdk import submission_event
+from services.tracker.api import make_app
+from services.tracker.db import make_engine
+from services.tracker.live import Notifier
+from tests.conftest import ROOT, wait_until
+from tests.integration.test_tracker_api import DATA, INFER, TRAIN, load, recorded
+
+pytestmark = pytest.mark.integration
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@dataclass
+class Tracker:
+    url: str
+    engine: Engine
+    notifier: Notifier
+    loop: asyncio.AbstractEventLoop
+
+    def store(self, events: list[Event]) -> None:
+        """Project events and announce them, as the tracker service does after a commit."""
+        load(self.engine, events)
+        runs = sorted({e.runid for e in events})
+        names = sorted({e.name for e in events})
+        self.loop.call_soon_threadsafe(self.notifier.publish, runs, names, len(events))
+
+
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tracker]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RUNCTL_HOME", str(DATA / "home"))
+    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('dash') / 'tracker.db'}")
+    load(engine, recorded())
+    notifier = Notifier()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = make_app(engine, notifier, keepalive_s=1.0)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        loops.append(loop)
+        loop.run_until_complete(server.serve())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 15, "the tracker's HTTP server")
+    yield Tracker(f"http://127.0.0.1:{port}", engine, notifier, loops[0])
+    server.should_exit = True
+    thread.join(15)
+    engine.dispose()
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(message.text)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert errors == [], errors
+
+
+def shot(page: Page, name: str) -> None:
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+def test_the_runs_table_shows_every_run_with_state_progress_and_score(tracker: Tracker, page: Page) -> None:
+    page.goto(tracker.url + "/")
+    rows = page.locator("table#runs tbody tr[data-run-id]")
+    expect(rows).to_have_count(8)
+    train = page.locator(f'tr[data-run-id="{TRAIN}"]')
+    expect(train.locator("td.state")).to_have_text("succeeded")
+    expect(train.locator("td.type")).to_have_text("train")
+    expect(train.locator("td.progress")).to_contain_text("40 / 40 steps")
+    expect(train.locator("td.score")).to_have_text("0.375")
+    expect(train.locator("td.team")).to_have_text("demo")
+    infer = page.locator(f'tr[data-run-id="{INFER}"]')
+    expect(infer.locator("td.progress")).to_contain_text("12 / 12 trials")
+    expect(infer.locator("td.score")).to_have_text("0.583")
+    expect(page.locator('tr[data-run-id="grpo-tp3-20261130-0410"] td.state')).to_have_text("rejected")
+    page.select_option("#filter-type", "eval")
+    expect(rows).to_have_count(5)
+    shot(page, "runs")
+
+
+def test_a_run_page_draws_the_timeline_curves_checkpoints_and_tasks(tracker: Tracker, page: Page) -> None:
+    page.goto(f"{tracker.url}/runs/{TRAIN}")
+    marks = page.locator("ol#timeline li[data-mark]")
+    expect(marks.first).to_have_attribute("data-mark", "submitted")
+    expect(marks.last).to_have_attribute("data-mark", "succeeded")
+    for mark in ("validated", "admitted", "cluster.ready", "replicas.ready", "step 1", "checkpoint 10", "step 40"):
+        expect(page.locator(f'ol#timeline li[data-mark="{mark}"]')).to_have_count(1)
+    entropy = {e.data.step: e.data.metrics["actor/entropy"] for e in recorded() if e.name == "step.done"}  # type: ignore[union-attr]
+    for key in ("critic/score/mean", "actor/ppo_kl", "actor/entropy", "response_length/mean", "perf/mfu/actor"):
+        series = page.locator(f'#metrics div.chart[data-key="{key}"] path.series')
+        expect(series).to_have_count(1)
+        expect(series).to_have_attribute("data-points", "40")
+    last = page.locator('#metrics div.chart[data-key="actor/entropy"] path.series').get_attribute("data-last")
+    assert last is not None and float(last) == pytest.approx(entropy[40])
+    expect(page.locator("#checkpoints tr[data-step]")).to_have_count(4)
+    expect(page.locator('#checkpoints tr[data-step="40"] td.eval-score')).to_have_text("0.375")
+    expect(page.locator("#eval-chart path.series")).to_have_attribute("data-points", "4")
+    expect(page.locator("#task-grid div.cell[data-task]")).to_have_count(4)
+    expect(page.locator("#validation tr[data-check-id]").first).to_be_visible()
+    page.fill("input#metric-key", "actor/ppo_kl")
+    page.click("button#add-metric")
+    expect(page.locator('#metrics div.chart[data-key="actor/ppo_kl"]')).to_have_count(2)
+    shot(page, "run-train")
+
+
+def test_the_trial_browser_tells_a_trajectory_turn_by_turn(tracker: Tracker, page: Page) -> None:
+    page.goto(f"{tracker.url}/runs/{INFER}")
+    grid = page.locator("#task-grid div.cell[data-task]")
+    expect(grid).to_have_count(3)
+    rates = {grid.nth(i).get_attribute("data-task"): grid.nth(i).get_attribute("data-pass-rate") for i in range(3)}
+    assert {task: float(rate or "nan") for task, rate in rates.items()} == {
+        "count-files": 0.0,
+        "say-yes": 0.75,
+        "write-done": 1.0,
+    }
+    colours = {grid.nth(i).evaluate("e => getComputedStyle(e).backgroundColor") for i in range(3)}
+    assert len(colours) == 3  # red, amber and green are told apart
+    expect(page.locator("#trials tr[data-task][data-trial]")).to_have_count(12)
+    page.locator('#trials tr[data-task="write-done"][data-trial="1"]').click()
+    turns = page.locator("#trajectory div.turn[data-turn]")
+    expect(turns).to_have_count(2)
+    expect(page.locator("#trajectory .reward")).to_contain_text("1")
+    first = turns.nth(0)
+    expect(first.locator('.message[data-role="user"]')).to_contain_text("Write done into answer.txt.")
+    expect(first.locator(".tool-call")).to_contain_text("echo done > answer.txt")
+    expect(first.locator(".tool-call")).to_contain_text("bash")
+    expect(turns.nth(1).locator(".response")).to_contain_text("Done.")
+    shot(page, "run-infer-trajectory")
+
+
+def test_two_runs_are_compared_on_one_chart(tracker: Tracker, page: Page) -> None:
+    other = "grpo-live-20261130-0001"
+    start = datetime.now(UTC) - timedelta(minutes=5)
+    steps = [
+        new_event(
+            StepDone(step=s, metrics={"critic/score/mean": s / 10}),
+            team="demo",
+            run_id=other,
+            source="/t",
+            time=start + timedelta(seconds=s),
+        )
+        for s in range(1, 11)
+    ]
+    tracker.store(steps)
+    page.goto(f"{tracker.url}/compare?runs={TRAIN},{other}&keys=critic/score/mean")
+    chart = page.locator('div.chart[data-key="critic/score/mean"]')
+    expect(chart.locator("path.series")).to_have_count(2)
+    expect(chart.locator(f'path.series[data-run-id="{TRAIN}"]')).to_have_attribute("data-points", "40")
+    expect(chart.locator(f'path.series[data-run-id="{other}"]')).to_have_attribute("data-points", "10")
+    shot(page, "compare")
+
+
+def test_pages_update_live_while_a_run_is_in_flight(tracker: Tracker, page: Page) -> None:
+    run_id = "grpo-running-20261130-0002"
+    start = datetime.now(UTC)
+
+    def event(payload: Any, seconds: float) -> Event:
+        return new_event(payload, team="demo", run_id=run_id, source="/t", time=start + timedelta(seconds=seconds))
+
+    submitted = submission_event(load_config(ROOT / "configs" / "examples" / "preview.env", environ={}))
+    tracker.store([event(submitted.data, -1), event(PhaseStarted(phase="loop", total=20), 0)])
+    page.goto(f"{tracker.url}/runs/{run_id}")
+    expect(page.locator("#run-header .state")).to_have_text("running")
+    tracker.store([event(StepDone(step=s, metrics={"critic/score/mean": s / 20}), s) for s in range(1, 6)])
+    series = page.locator('#metrics div.chart[data-key="critic/score/mean"] path.series')
+    expect(series).to_have_attribute("data-points", "5", timeout=10_000)
+    tracker.store([event(StepDone(step=s, metrics={"critic/score/mean": s / 20}), s) for s in range(6, 13)])
+    expect(series).to_have_attribute("data-points", "12", timeout=10_000)
+    page.goto(tracker.url + "/")
+    row = page.locator(f'tr[data-run-id="{run_id}"] td.progress')
+    expect(row).to_contain_text("12 / 20 steps")
+    tracker.store([event(StepDone(step=13, metrics={"critic/score/mean": 0.65}), 13)])
+    expect(row).to_contain_text("13 / 20 steps", timeout=10_000)
+    shot(page, "runs-live")
