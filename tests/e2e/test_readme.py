@@ -110,6 +110,10 @@ def test_the_tour_runs_line_by_line_as_written(tmp_path: Path) -> None:
             if line.startswith("runctl submit") and "--watch" in line:
                 run_id = re.search(r"submitted (\S+)", result.stdout).group(1)  # type: ignore[union-attr]
                 assert "run.succeeded" in result.stdout
+            if line.startswith("runctl dashboard"):
+                assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", result.stdout.strip()), result.stdout
+            if line.startswith("runctl tracker rebuild"):
+                assert "events stored" in result.stdout and (work / "rebuilt.db").exists()
             if line.startswith("PREFLIGHT_ONLY=1"):
                 assert "nothing was published" in result.stdout
         assert (work / "my_run.env").exists()
@@ -169,8 +173,9 @@ def test_the_sandbox_benchmark_runs_and_prints_its_figures(docker_host: str) -> 
         ["bench/validate.py", "--repeat", "1"],
         ["bench/bus.py", "--rounds", "1", "--events", "300", "--rate", "200", "--duration", "1", "--warmup", "0.2"],
         ["bench/proxy.py", "--rounds", "1", "--batch", "50", "--throughput-rounds", "1", "--seconds", "1"],
+        ["bench/tracker.py", "--backlog", "1500", "--rate", "500", "--duration", "1", "--steps", "300"],
     ],
-    ids=["cli", "validate", "bus", "proxy"],
+    ids=["cli", "validate", "bus", "proxy", "tracker"],
 )
 def test_the_benchmarks_the_readme_names_run_and_print_their_figures(argv: list[str]) -> None:
     assert f"python {argv[0]}" in README
