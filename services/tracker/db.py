@@ -117,6 +117,8 @@ class MetricRow(Base):
     """One metric of one step (``step.done``): narrow, so a page reads only the keys it draws."""
 
     __tablename__ = "metrics"
+    # Stored in key order on SQLite (no rowid): a curve is one range read, the values beside their keys.
+    __table_args__ = {"sqlite_with_rowid": False}
 
     run_id: Mapped[str] = mapped_column(String(160), primary_key=True)
     key: Mapped[str] = mapped_column(String(160), primary_key=True)
@@ -166,6 +168,21 @@ class TrialRow(Base):
             "tokens": self.tokens,
             "time": iso(self.time),
         }
+
+
+class TaskStatsRow(Base):
+    """Trial counts of one task in one run, added to as ``trial.finished`` events are stored: sums, so the order
+    in which trials arrive does not matter."""
+
+    __tablename__ = "task_stats"
+
+    run_id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    task: Mapped[str] = mapped_column(String(256), primary_key=True)
+    num_trials: Mapped[int] = mapped_column(Integer)
+    num_scored: Mapped[int] = mapped_column(Integer)
+    """Trials with a valid reward (an error counts for neither pass nor fail)."""
+    passes: Mapped[int] = mapped_column(Integer)
+    reward_sum: Mapped[float] = mapped_column(Float)
 
 
 def iso(value: datetime | None) -> str | None:

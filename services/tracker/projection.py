@@ -31,7 +31,8 @@ from runctl.events import (
     next_state,
 )
 from runctl.events.state import TERMINAL
-from services.tracker.db import Base, CheckpointRow, EventRow, MetricRow, RunRow, TrialRow
+from runctl.layout import PASS_THRESHOLD
+from services.tracker.db import Base, CheckpointRow, EventRow, MetricRow, RunRow, TaskStatsRow, TrialRow
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class _Derived:
         self.metrics: list[dict[str, Any]] = []
         self.trials: list[dict[str, Any]] = []
         self.checkpoints: dict[tuple[str, int], dict[str, Any]] = {}
+        self.task_stats: dict[tuple[str, str], list[float]] = {}  # num_trials, num_scored, passes, reward_sum
 
     def add(self, event: Event) -> None:
         data = event.data
@@ -131,6 +133,12 @@ class _Derived:
                     "time": event.time,
                 }
             )
+            counts = self.task_stats.setdefault((event.runid, data.task), [0, 0, 0, 0.0])
+            counts[0] += 1
+            if data.reward is not None:
+                counts[1] += 1
+                counts[2] += data.reward >= PASS_THRESHOLD
+                counts[3] += data.reward
         elif isinstance(data, CheckpointSaved):
             row = self.checkpoints.setdefault((event.runid, data.step), {})
             row |= {"path": data.path, "format": data.format, "num_bytes": data.num_bytes, "time": event.time}
@@ -142,6 +150,7 @@ class _Derived:
             _insert_missing(conn, MetricRow.__tablename__, self.metrics, ["run_id", "key", "step"])
         if self.trials:
             _insert_missing(conn, TrialRow.__tablename__, self.trials, ["event_id"])
+            _add_task_stats(conn, self.task_stats)
         table = Base.metadata.tables[CheckpointRow.__tablename__]
         for (run_id, step), values in self.checkpoints.items():
             # One checkpoint row, whichever of checkpoint.saved and eval.requested comes first; a repeat of either
@@ -149,6 +158,28 @@ class _Derived:
             where = (table.c.run_id == run_id) & (table.c.step == step)
             if conn.execute(update(table).where(where).values(values)).rowcount == 0:
                 conn.execute(insert(table).values(run_id=run_id, step=step, **values))
+
+
+def _add_task_stats(conn: Connection, stats: dict[tuple[str, str], list[float]]) -> None:
+    """Add a batch's trial counts to each (run, task) row, making the row on its first trial."""
+    table = Base.metadata.tables[TaskStatsRow.__tablename__]
+    columns = ("num_trials", "num_scored", "passes", "reward_sum")
+    rows = [
+        {"run_id": run_id, "task": task, **dict(zip(columns, counts, strict=True))}
+        for (run_id, task), counts in stats.items()
+    ]
+    dialect = conn.dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        module = sqlite if dialect == "sqlite" else postgresql
+        statement = module.insert(table)
+        added = {c: table.c[c] + statement.excluded[c] for c in columns}
+        conn.execute(statement.on_conflict_do_update(index_elements=["run_id", "task"], set_=added), rows)
+        return
+    for row in rows:
+        where = (table.c.run_id == row["run_id"]) & (table.c.task == row["task"])
+        increments = {c: table.c[c] + row[c] for c in columns}
+        if conn.execute(update(table).where(where).values(increments)).rowcount == 0:
+            conn.execute(insert(table).values(row))
 
 
 def _insert_missing(conn: Connection, name: str, rows: list[dict[str, Any]], keys: list[str]) -> None:

@@ -7,11 +7,10 @@ import math
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, case, cast, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from runctl.layout import PASS_THRESHOLD
-from services.tracker.db import CheckpointRow, EventRow, MetricRow, RunRow, TrialRow, aware, iso
+from services.tracker.db import CheckpointRow, EventRow, MetricRow, RunRow, TaskStatsRow, aware, iso
 
 DEFAULT_KEYS = ("critic/score/mean", "actor/ppo_kl", "actor/entropy", "response_length/mean", "perf/mfu/actor")
 # Lifecycle events that mark the timeline under these names (phases, steps and checkpoints are named below).
@@ -35,39 +34,38 @@ def metric_keys(session: Session, run_id: str) -> list[str]:
 
 
 def metrics(session: Session, run_id: str, keys: list[str], max_points: int) -> dict[str, Any]:
-    """Each key's series, at most ``max_points`` points: steps grouped into equal buckets, each drawn at its last
-    step with the bucket's mean, min and max (a spike stays visible in the band)."""
-    spans = session.execute(
-        select(MetricRow.key, func.min(MetricRow.step), func.max(MetricRow.step), func.count())
+    """Each key's series, at most ``max_points`` points: the run's steps split into equal buckets, each drawn at
+    its last step with the bucket's mean, min and max (a spike stays visible in the band). One grouped query for
+    all the keys."""
+    last = session.scalar(select(RunRow.last_step).where(RunRow.run_id == run_id))
+    if last is None:  # no step.done stored yet
+        return {"run_id": run_id, "num_steps": 0, "downsampled": False, "series": {}}
+    width = max(1, math.ceil((last + 1) / max_points))
+    bucket = MetricRow.step // width
+    rows = session.execute(
+        select(
+            MetricRow.key,
+            func.max(MetricRow.step),
+            func.avg(MetricRow.value),
+            func.min(MetricRow.value),
+            func.max(MetricRow.value),
+            func.count(),
+        )
         .where(MetricRow.run_id == run_id, MetricRow.key.in_(keys))
-        .group_by(MetricRow.key)
+        .group_by(MetricRow.key, bucket)
+        .order_by(MetricRow.key, bucket)
     ).all()
     series: dict[str, dict[str, list[Any]]] = {}
-    num_steps = 0
-    downsampled = False
-    for key, first, last, count in spans:
-        num_steps = max(num_steps, count)
-        width = max(1, math.ceil((last - first + 1) / max_points))
-        downsampled |= width > 1
-        bucket = (MetricRow.step - first) // width
-        rows = session.execute(
-            select(
-                func.max(MetricRow.step),
-                func.avg(MetricRow.value),
-                func.min(MetricRow.value),
-                func.max(MetricRow.value),
-            )
-            .where(MetricRow.run_id == run_id, MetricRow.key == key)
-            .group_by(bucket)
-            .order_by(bucket)
-        ).all()
-        series[key] = {
-            "steps": [r[0] for r in rows],
-            "values": [_num(r[1]) for r in rows],
-            "min": [_num(r[2]) for r in rows],
-            "max": [_num(r[3]) for r in rows],
-        }
-    return {"run_id": run_id, "num_steps": num_steps, "downsampled": downsampled, "series": series}
+    num_steps: dict[str, int] = {}
+    for key, step, mean, low, high, count in rows:
+        entry = series.setdefault(key, {"steps": [], "values": [], "min": [], "max": []})
+        entry["steps"].append(step)
+        entry["values"].append(_num(mean))
+        entry["min"].append(_num(low))
+        entry["max"].append(_num(high))
+        num_steps[key] = num_steps.get(key, 0) + count
+    most = max(num_steps.values(), default=0)
+    return {"run_id": run_id, "num_steps": most, "downsampled": width > 1 and most > max_points, "series": series}
 
 
 def _num(value: Any) -> float | None:
@@ -79,7 +77,7 @@ def timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
     the first and the last; trials are left out (the trial browser has them)."""
     rows = session.execute(
         select(EventRow.name, EventRow.time, EventRow.data)
-        .where(EventRow.run_id == run_id, EventRow.name.not_in(("step.done", "trial.finished")))
+        .where(EventRow.run_id == run_id, EventRow.name.in_([*MARKS, "phase.started", "checkpoint.saved"]))
         .order_by(EventRow.time, EventRow.pk)
     ).all()
     marks: list[tuple[str, datetime, str]] = []
@@ -175,39 +173,26 @@ def checkpoints(session: Session, run_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def _rates() -> tuple[Any, ...]:
-    scored = func.count(TrialRow.reward)  # trials with a valid reward: errors count for neither side
-    passes = func.sum(case((TrialRow.reward >= PASS_THRESHOLD, 1), else_=0))
-    return func.count(), scored, passes, func.avg(cast(TrialRow.reward, Float))
-
-
-def _rate(num_trials: int, scored: int, passes: int | None, mean: float | None) -> dict[str, Any]:
-    passes = int(passes or 0)
+def _rate(stats: TaskStatsRow) -> dict[str, Any]:
     return {
-        "num_trials": num_trials,
-        "passes": passes,
-        "pass_rate": round(passes / scored, 6) if scored else None,
-        "mean_reward": _num(mean),
+        "num_trials": stats.num_trials,
+        "passes": stats.passes,
+        "pass_rate": round(stats.passes / stats.num_scored, 6) if stats.num_scored else None,
+        "mean_reward": round(stats.reward_sum / stats.num_scored, 9) if stats.num_scored else None,
     }
 
 
 def task_rates(session: Session, run_id: str) -> list[dict[str, Any]]:
-    rows = session.execute(
-        select(TrialRow.task, *_rates())
-        .where(TrialRow.run_id == run_id)
-        .group_by(TrialRow.task)
-        .order_by(TrialRow.task)
-    ).all()
-    return [{"task": task, **_rate(n, scored, passes, mean)} for task, n, scored, passes, mean in rows]
+    rows = session.scalars(select(TaskStatsRow).where(TaskStatsRow.run_id == run_id).order_by(TaskStatsRow.task))
+    return [{"task": row.task, **_rate(row)} for row in rows]
 
 
 def pass_rates_across(session: Session, run_ids: list[str], task: str | None) -> list[dict[str, Any]]:
     """Pass rate of each task in each of the runs (the same held-out task over checkpoints, say)."""
-    query = select(TrialRow.task, TrialRow.run_id, *_rates()).where(TrialRow.run_id.in_(run_ids))
+    query = select(TaskStatsRow).where(TaskStatsRow.run_id.in_(run_ids))
     if task is not None:
-        query = query.where(TrialRow.task == task)
-    rows = session.execute(query.group_by(TrialRow.task, TrialRow.run_id).order_by(TrialRow.task)).all()
+        query = query.where(TaskStatsRow.task == task)
     tasks: dict[str, dict[str, Any]] = {}
-    for name, run_id, n, scored, passes, mean in rows:
-        tasks.setdefault(name, {})[run_id] = _rate(n, scored, passes, mean)
+    for row in session.scalars(query.order_by(TaskStatsRow.task, TaskStatsRow.run_id)):
+        tasks.setdefault(row.task, {})[row.run_id] = _rate(row)
     return [{"task": name, "runs": runs} for name, runs in tasks.items()]

@@ -7,6 +7,7 @@ folders are under ``tests/data/tracker/home``.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from itertools import count
@@ -20,8 +21,10 @@ from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from runctl.events import Event, parse_event
+from services.tracker import queries
 from services.tracker.api import make_app
 from services.tracker.db import Base, make_engine, migrate
 from services.tracker.projection import project
@@ -82,7 +85,7 @@ def get(api: httpx.Client, path: str, **params: Any) -> Any:
 def test_the_schema_made_by_the_migrations_is_the_models_schema(engine: Engine) -> None:
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
-        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0002"
+        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0003"
 
 
 def test_a_database_made_before_migrations_is_upgraded_in_place(tmp_path: Path) -> None:
@@ -99,6 +102,29 @@ def test_a_database_made_before_migrations_is_upgraded_in_place(tmp_path: Path) 
     with engine.connect() as conn:
         assert {"metrics", "checkpoints", "trials"} <= set(inspect(conn).get_table_names())
         assert conn.scalar(text("SELECT run_id FROM runs")) == "r1"  # nothing lost
+    engine.dispose()
+
+
+def test_upgrading_counts_the_trials_already_stored_into_the_task_grid(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'at-0002.db'}"
+    old = create_engine(url)
+    migrate(old, "0002")
+    with old.begin() as conn:
+        for k, reward in enumerate([1.0, 0.0, None, 0.5]):
+            conn.execute(
+                text(
+                    "INSERT INTO trials (event_id, run_id, task, trial, reward, termination_reason, durations_s,"
+                    " tokens, time) VALUES (:id, 'r1', 'say-yes', :k, :reward, 'agent_completed', '{}', '{}',"
+                    " '2026-11-30')"
+                ),
+                {"id": f"e{k}", "k": k, "reward": reward},
+            )
+    old.dispose()
+    engine = make_engine(url)
+    with Session(engine) as session:
+        assert queries.task_rates(session, "r1") == [
+            {"task": "say-yes", "num_trials": 4, "passes": 1, "pass_rate": 0.333333, "mean_reward": 0.5}
+        ]
     engine.dispose()
 
 
@@ -147,9 +173,13 @@ def test_metrics_are_selected_by_key_and_downsampled(api: httpx.Client) -> None:
     small = get(api, f"/api/runs/{TRAIN}/metrics", keys="critic/score/mean,response_length/mean", max_points=8)
     assert small["downsampled"] and small["num_steps"] == 40
     lengths = small["series"]["response_length/mean"]
-    assert lengths["steps"] == [5, 10, 15, 20, 25, 30, 35, 40]  # each bucket drawn at its last step
-    assert lengths["values"][0] == pytest.approx(sum(steps[s]["response_length/mean"] for s in range(1, 6)) / 5)
-    assert (lengths["min"][-1], lengths["max"][-1]) == (steps[36]["response_length/mean"], 600.0)
+    assert len(lengths["steps"]) <= 8 and lengths["steps"][-1] == 40  # each bucket drawn at its last step
+    edges = [0, *lengths["steps"]]
+    for k, (low, high) in enumerate(itertools.pairwise(edges)):
+        bucket = [steps[s]["response_length/mean"] for s in range(low + 1, high + 1)]
+        assert len(bucket) > 1  # downsampled: every point stands for several steps
+        assert lengths["values"][k] == pytest.approx(sum(bucket) / len(bucket))
+        assert (lengths["min"][k], lengths["max"][k]) == (min(bucket), max(bucket))
     default = get(api, f"/api/runs/{TRAIN}/metrics")
     assert set(default["series"]) == set(steps[1])  # the five standard curves
     assert get(api, f"/api/runs/{INFER}/metrics")["series"] == {}

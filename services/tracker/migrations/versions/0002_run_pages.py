@@ -25,6 +25,7 @@ def upgrade() -> None:
         sa.Column("key", sa.String(160), primary_key=True),
         sa.Column("step", sa.Integer(), primary_key=True),
         sa.Column("value", sa.Float()),
+        sqlite_with_rowid=False,
     )
     op.create_table(
         "checkpoints",
