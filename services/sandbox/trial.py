@@ -240,9 +240,14 @@ class TrialRunner:
             result.failure = Failure(cause="verifier", message=str(e))
 
     def _stop_agent(self, sandbox: Sandbox) -> None:
-        """Run STOP_AGENT until it succeeds: while a fork bomb holds every pid of the sandbox, starting even one
-        process in it fails now and then, until the sweep has stopped the bomb."""
+        """Stop the agent for good: the backend's ``halt_agent`` where it has one (Docker with a local daemon: freeze,
+        kill, thaw), then STOP_AGENT until it succeeds (it finds nothing left after a halt; without one, while a
+        fork bomb holds every pid of the sandbox, starting even one process in it fails now and then, until the
+        sweep has stopped the bomb), then wait until the killed processes are reaped."""
         deadline = time.monotonic() + STOP_AGENT_PATIENCE_S
+        halt = getattr(self.backend, "halt_agent", None)
+        if halt is not None:
+            halt(sandbox)  # a backend that can freeze the sandbox from outside kills the agent first, race-free
         stopped = False
         while True:
             try:

@@ -133,9 +133,9 @@ def test_the_runs_table_shows_every_run_with_state_progress_and_score(tracker: T
     expect(infer.locator("td.progress")).to_contain_text("12 / 12 trials")
     expect(infer.locator("td.score")).to_have_text("0.583")
     expect(page.locator('tr[data-run-id="grpo-tp3-20261130-0410"] td.state')).to_have_text("rejected")
+    shot(page, "runs")
     page.select_option("#filter-type", "eval")
     expect(rows).to_have_count(5)
-    shot(page, "runs")
 
 
 def test_a_run_page_draws_the_timeline_curves_checkpoints_and_tasks(tracker: Tracker, page: Page) -> None:

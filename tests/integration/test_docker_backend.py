@@ -10,6 +10,7 @@ import pytest
 
 from services.sandbox.backends.base import Sandbox, SandboxError, SandboxSpec
 from services.sandbox.backends.docker_backend import DockerBackend
+from tests.conftest import wait_until
 from tests.infra.docker_daemon import BASE_IMAGE
 
 pytestmark = pytest.mark.integration
@@ -143,3 +144,39 @@ def test_build_is_content_addressed_and_reused(backend: DockerBackend, tmp_path:
         assert caught.value.cause == "image"
     finally:
         backend.client.images.remove(tag, force=True)
+
+
+def test_halting_the_agent_freezes_and_kills_a_fork_bomb_from_the_host(backend: DockerBackend) -> None:
+    sandbox = backend.create(spec(cpus=0.5, pids=64))
+    try:
+        # Forty processes spinning on the sandbox's half CPU and one forking without pause: what a fork bomb
+        # leaves (busybox's sh exits when a fork fails, so a textbook bomb dies out at the pids limit by itself).
+        bomb = (
+            "i=0; while [ $i -lt 40 ]; do (while :; do :; done) & i=$((i + 1)); done;"
+            " (while :; do sleep 1 & done) & exit 0"
+        )
+        backend.exec(sandbox, bomb, 10, user="0")
+        count = "set -- /proc/[0-9]*; echo $#"
+
+        def processes() -> int | None:
+            try:
+                result = backend.exec(sandbox, count, 10, user="0")
+            except SandboxError:
+                return None  # no pid left to start even this
+            return int(result.stdout) if result.exit_code == 0 and result.stdout.strip().isdigit() else None
+
+        def crowded() -> bool:
+            found = processes()
+            return found is None or found > 30
+
+        wait_until(crowded, 30, "the spinning processes to start")
+        assert backend.halt_agent(sandbox) is True
+
+        def calm() -> bool:
+            found = processes()
+            return found is not None and found <= 4  # init, the idle loop, its sleep, this shell
+
+        wait_until(calm, 30, "every spinning and forking process to be gone")
+        assert backend.exec(sandbox, "echo alive", 10).stdout.strip() == "alive"  # the sandbox itself still runs
+    finally:
+        backend.destroy(sandbox)

@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
+import signal
 import socket
 import struct
 import threading
@@ -188,6 +190,39 @@ class DockerBackend(TarOverExec):
     def destroy(self, sandbox: Sandbox) -> None:
         self._remove(sandbox.handle)
 
+    def halt_agent(self, sandbox: Sandbox) -> bool:
+        """Kill every process of the sandbox but its init and idle loop, from the host, race-free: freeze the
+        container (the cgroup freezer: nothing runs, so nothing forks), SIGKILL each process of its cgroup, thaw.
+        However loaded the machine, a fork bomb cannot outrun this, where a sweep from inside the sandbox shares
+        the bomb's CPU quota. Possible only when the daemon runs on this machine (its PIDs are ours); returns False
+        otherwise, and the caller sweeps from inside."""
+        import docker.errors
+
+        try:
+            init = int(self.client.api.inspect_container(sandbox.handle)["State"].get("Pid") or 0)
+        except docker.errors.APIError:
+            return False
+        procs = _cgroup_procs(init, sandbox.handle)
+        if procs is None:
+            return False
+        try:
+            self.client.api.pause(sandbox.handle)
+        except docker.errors.APIError as e:
+            log.warning("cannot freeze sandbox %s to stop its agent: %s", sandbox.sandbox_id, e.explanation)
+            return False
+        try:
+            pids = [int(p) for p in procs.read_text().split()]
+            stats = {pid: stat for pid in pids if (stat := _ppid_and_start(pid)) is not None}
+            children = [pid for pid, (ppid, _) in stats.items() if ppid == init]
+            idle = min(children, key=lambda pid: stats[pid][1]) if children else None
+            for pid in pids:
+                if pid not in (init, idle):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)  # delivered when the container thaws
+        finally:
+            self.client.api.unpause(sandbox.handle)
+        return True
+
     def _remove(self, handle: str) -> None:
         import docker.errors
 
@@ -264,6 +299,37 @@ class DockerBackend(TarOverExec):
             return 124, out, err, True
         code = api.exec_inspect(exec_id).get("ExitCode")
         return (code if isinstance(code, int) else -1), out, err, False
+
+
+def _cgroup_procs(init: int, container_id: str) -> Path | None:
+    """The ``cgroup.procs`` file of the container whose init has host PID ``init``, if that process is on this
+    machine and is that container's (a remote daemon's PIDs mean nothing here). cgroup v1 (the pids hierarchy)
+    or v2."""
+    try:
+        lines = Path(f"/proc/{init}/cgroup").read_text().splitlines() if init > 0 else []
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if container_id not in path:
+            continue
+        if controllers == "":
+            candidate = Path("/sys/fs/cgroup") / path.lstrip("/") / "cgroup.procs"
+        elif "pids" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/pids") / path.lstrip("/") / "cgroup.procs"
+        else:
+            continue
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _ppid_and_start(pid: int) -> tuple[int, int] | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), int(fields[19])
 
 
 def _demux_until(sock: socket.socket, deadline: float, out: Capture, err: Capture) -> bool:
