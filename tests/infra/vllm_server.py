@@ -84,8 +84,10 @@ def healthy(url: str) -> bool:
 @contextlib.contextmanager
 def vllm_server(model: Path, port: int | None = None) -> Iterator[VLLMServer]:
     port = port or free_port()
-    log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)  # noqa: SIM115
-    env = {**os.environ, **vllm_env()}
+    # A private temporary folder, removed at the end: vLLM leaves its ZeroMQ sockets in it.
+    private_tmp = tempfile.TemporaryDirectory(prefix="vllm-")
+    log = open(Path(private_tmp.name) / "server.log", "wb")  # noqa: SIM115
+    env = {**os.environ, **vllm_env(), "TMPDIR": private_tmp.name}
     proc = subprocess.Popen(
         vllm_argv(model, port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
@@ -108,4 +110,4 @@ def vllm_server(model: Path, port: int | None = None) -> Iterator[VLLMServer]:
             except subprocess.TimeoutExpired:
                 server.kill()
         log.close()
-        os.unlink(log.name)
+        private_tmp.cleanup()

@@ -10,6 +10,9 @@ it splits in two:
   the sentinel holds. When the sentinel dies (the pipe reads end-of-file), when it is told to stop (SIGTERM,
   SIGINT), or when the server exits, the watcher signals the whole group: SIGTERM, then SIGKILL for whatever still
   runs after ``GRACE_S``. The sentinel's exit code is the server's.
+
+The command gets a private ``TMPDIR`` that the watcher removes once the group is down: vLLM puts its ZeroMQ
+sockets in the temporary folder and leaves them there when it is stopped, a handful for every start.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import contextlib
 import ctypes
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,13 +89,21 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, asked)
     signal.signal(signal.SIGINT, asked)
-    child = subprocess.Popen(command, pass_fds=())
+    private_tmp = tempfile.mkdtemp(prefix="runctl-group-")
     code: int | None = None
-    while code is None and not stop["asked"]:
-        if select.select([read_end], [], [], 1.0)[0]:
-            break  # end-of-file: the sentinel, and so the actor, is gone
-        code = child.poll()
-    take_down_group(spare=os.getppid())
+    try:
+        child = subprocess.Popen(command, pass_fds=(), env={**os.environ, "TMPDIR": private_tmp})
+    except OSError as e:
+        print(f"groupwatch: cannot start {command[0]}: {e}", file=sys.stderr)
+        code = 127
+    try:
+        while code is None and not stop["asked"]:
+            if select.select([read_end], [], [], 1.0)[0]:
+                break  # end-of-file: the sentinel, and so the actor, is gone
+            code = child.poll()
+        take_down_group(spare=os.getppid())
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
     os._exit(code if code is not None else 143)
 
 
