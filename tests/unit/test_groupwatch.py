@@ -9,21 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runctl.home import group_members
 from tests.conftest import wait_until
 
 WATCH = [sys.executable, "-m", "services.launcher.runner.groupwatch", "--"]
-
-
-def group_members(group: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
 
 
 def test_the_exit_code_comes_through_and_nothing_of_the_group_or_its_temporary_folder_stays(tmp_path: Path) -> None:
