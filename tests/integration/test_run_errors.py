@@ -106,7 +106,7 @@ async def test_the_runner_ends_the_run_as_failed_in_the_phase_it_was_in(
 ) -> None:
     """The same errors met by the runner itself (a submitted run: the validator service checks statically, on
     another machine perhaps): the run ends as run.failed with the phase, the type, the message and the fix."""
-    from services.launcher.foreground import run_foreground
+    from services.launcher.carry.foreground import run_foreground
 
     monkeypatch.setenv("RUNCTL_HOME", str(tmp_path / "home"))
     config = load_config(eval_config(tmp_path), environ={}).model

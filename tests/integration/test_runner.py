@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from runctl.tasks import load_index
-from services.launcher.runner import scores
+from services.launcher.rollout import scores
 from tests.conftest import ROOT, wait_until
 from tests.infra import ray_head as ray_infra
 from tests.infra import vllm_server as vllm_infra
@@ -309,7 +309,7 @@ def test_eval_scores_and_intervals_on_known_outcomes(tmp_path: Path) -> None:
 async def test_trials_stop_when_the_model_stops_answering(tmp_path: Path) -> None:
     from runctl.tasks import load_task
     from services.launcher.errors import EngineError
-    from services.launcher.runner.trials import LoopSettings, TrialLoop
+    from services.launcher.rollout.trials import LoopSettings, TrialLoop
     from services.proxy.server import ProxyServer
     from services.sandbox.library import open_backend
     from tests.conftest import free_port

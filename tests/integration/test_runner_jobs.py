@@ -158,14 +158,14 @@ def test_a_run_outlives_its_launcher_and_resumes_on_the_next_one(services: Servi
 
 
 def runner_drivers(run_id: str) -> list[int]:
-    """The PIDs of the run's runner processes (the Ray job's driver: ``python -m services.launcher.job TEAM ID``)."""
+    """The PIDs of the run's runner processes (the Ray job's driver: ``python -m services.launcher.carry.job_main``)."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"services.launcher.job" in argv and run_id.encode() in argv:
+        if b"services.launcher.carry.job_main" in argv and run_id.encode() in argv:
             found.append(int(cmdline.parent.name))
     return found
 

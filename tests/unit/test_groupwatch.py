@@ -12,7 +12,7 @@ from pathlib import Path
 from runctl.home import group_members
 from tests.conftest import wait_until
 
-WATCH = [sys.executable, "-m", "services.launcher.runner.groupwatch", "--"]
+WATCH = [sys.executable, "-m", "services.launcher.rollout.groupwatch", "--"]
 
 
 def test_the_exit_code_comes_through_and_nothing_of_the_group_or_its_temporary_folder_stays(tmp_path: Path) -> None:

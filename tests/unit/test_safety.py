@@ -58,7 +58,8 @@ def test_the_run_folders_config_json_redacts_interpolated_secrets(tmp_path: Path
 
 
 def test_a_runner_job_gets_only_the_settings_the_runner_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.launcher.service import Launcher
+    from services.launcher.carry.as_job import JobCarrier
+    from services.launcher.carry.books import Books
 
     for name, value in {
         "RUNCTL_DB_URL": "postgresql://tracker:dbpass@db/runctl",
@@ -68,8 +69,8 @@ def test_a_runner_job_gets_only_the_settings_the_runner_reads(monkeypatch: pytes
         "RUNCTL_HOME": "/srv/runctl",
     }.items():
         monkeypatch.setenv(name, value)
-    launcher = Launcher(SimpleNamespace(url="nats://runctl:pw@bus:4222"), None, "/runctl/launcher")  # type: ignore[arg-type]
-    env = launcher.job_env()
+    books = Books(SimpleNamespace(url="nats://runctl:pw@bus:4222"), None, "/runctl/launcher")  # type: ignore[arg-type]
+    env = JobCarrier(books, None).job_env()  # type: ignore[arg-type]
     assert env == {
         "RUNCTL_NATS_INBOX_PREFIX": "_INBOX_nlp",
         "RUNCTL_NATS_URL": "nats://runctl:pw@bus:4222",

@@ -11,7 +11,7 @@ import pytest
 
 from runctl.tasks import load_index
 from services.launcher.engines.local import write_index
-from services.launcher.runner import scores
+from services.launcher.rollout import scores
 
 
 def brute_pass_at_k(n: int, c: int, k: int) -> float:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from runctl.tasks import load_task
-from services.launcher.runner.terminal_agent import OUTPUT_LIMIT, SYSTEM_PROMPT, TerminalAgent, trial_seed
+from services.launcher.rollout.agents.terminal import OUTPUT_LIMIT, SYSTEM_PROMPT, TerminalAgent, trial_seed
 from services.sandbox.backends.base import ExecResult, Sandbox, SandboxSpec
 from tests.conftest import ROOT
 

@@ -29,11 +29,11 @@ from runctl.events import ClusterReady, ReplicasReady
 from runctl.tasks import IndexEntry, Task, TaskIndex, load_index, load_task
 from services.launcher.engines.base import Outcome, RunContext
 from services.launcher.errors import EngineError
-from services.launcher.runner import cluster as ray_cluster
-from services.launcher.runner import replicas as vllm_replicas
-from services.launcher.runner import scores
-from services.launcher.runner.installed_agent import SOCKET_NAME
-from services.launcher.runner.trials import LoopSettings, TrialLoop, trial_event
+from services.launcher.rollout import cluster as ray_cluster
+from services.launcher.rollout import replicas as vllm_replicas
+from services.launcher.rollout import scores
+from services.launcher.rollout.agents.installed import SOCKET_NAME
+from services.launcher.rollout.trials import LoopSettings, TrialLoop, trial_event
 from services.proxy.server import ProxyServer
 from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
 from services.sandbox.trial import TrialLimits

@@ -30,8 +30,8 @@ from runctl.events import TrialFinished
 from runctl.layout import TRAJECTORY, TRIAL_RECORD, trial_folder
 from runctl.tasks import Task
 from services.launcher.errors import EngineError
-from services.launcher.runner.installed_agent import InstalledAgent
-from services.launcher.runner.terminal_agent import TerminalAgent, trial_seed
+from services.launcher.rollout.agents.installed import InstalledAgent
+from services.launcher.rollout.agents.terminal import TerminalAgent, trial_seed
 from services.proxy.server import ProxyServer
 from services.sandbox.agents import Agent, make_agent
 from services.sandbox.backends.base import Backend

@@ -32,8 +32,8 @@ from runctl.errors import BusError
 from runctl.events import CancelRequested, Event, new_event
 from runctl.events.payloads import Payload
 from runctl.subjects import event_subject
+from services.launcher.carry.lifecycle import carry_to_end, run_dir_for
 from services.launcher.engines import RunContext
-from services.launcher.lifecycle import carry_to_end, run_dir_for
 
 log = logging.getLogger(__name__)
 EVENTS_FILE = "events.jsonl"

@@ -1,4 +1,5 @@
-"""The runner as a Ray job: ``python -m services.launcher.job TEAM RUN_ID`` (the entrypoint the launcher submits).
+"""The runner as a Ray job: ``python -m services.launcher.carry.job_main TEAM RUN_ID`` (what the launcher
+submits).
 
 It reads the run's config from its ``config.submitted`` event, resumes from the launcher's ledger, carries the
 run with its engine in this process (publishing every event, and the end, on the bus), and exits. ``ray job stop``
@@ -18,8 +19,9 @@ from runctl.events import CancelRequested, parse_event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.service import SOURCE_PREFIX, setup_logging
 from runctl.subjects import event_subject
+from services.launcher.carry.books import Books
+from services.launcher.carry.inprocess import carry_in_process
 from services.launcher.ledger import Ledger
-from services.launcher.service import Launcher
 
 
 async def requester(bus: Bus, team: str, run_id: str) -> str:
@@ -40,19 +42,20 @@ async def main(team: str, run_id: str) -> int:
         entry = await ledger.get(run_id)
         if entry is not None and entry.state == "ended":
             return 0
-        launcher = Launcher(bus, ledger, SOURCE_PREFIX + "runner")
-        _, config = await launcher.submitted_config(team, run_id)
-        cancelled = launcher.cancels[run_id] = asyncio.Event()
+        books = Books(bus, ledger, SOURCE_PREFIX + "runner")
+        _, config = await books.submitted_config(team, run_id)
+        cancelled, by = asyncio.Event(), ["ray job stop"]
 
         async def cancel() -> None:
-            launcher.cancel_by[run_id] = await requester(bus, team, run_id)
+            by[0] = await requester(bus, team, run_id)
             cancelled.set()
 
         pending: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: pending.add(loop.create_task(cancel())))
-        await launcher.carry_here(team, run_id, config, entry.progress if entry else {})
+        progress = entry.progress if entry else {}
+        await carry_in_process(books, team, run_id, config, progress, cancelled, lambda: by[0])
         return 0
     finally:
         await bus.close()

@@ -70,7 +70,7 @@ def take_down_group(spare: int) -> None:
 def main(argv: list[str]) -> int:
     command = argv[argv.index("--") + 1 :] if "--" in argv else argv[1:]
     if not command:
-        print("usage: python -m services.launcher.runner.groupwatch -- COMMAND...", file=sys.stderr)
+        print("usage: python -m services.launcher.rollout.groupwatch -- COMMAND...", file=sys.stderr)
         return 2
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

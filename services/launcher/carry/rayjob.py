@@ -131,7 +131,7 @@ class RayJobs:
         # From the launcher's folder, so relative paths in a config mean what they meant to the validator.
         interpreter = str(Path(venv) / "bin" / "python") if venv else sys.executable
         here, python = shlex.quote(os.getcwd()), shlex.quote(interpreter)
-        entrypoint = f"cd {here} && exec {python} -m services.launcher.job {team} {run_id}"
+        entrypoint = f"cd {here} && exec {python} -m services.launcher.carry.job_main {team} {run_id}"
         client = self.client()
         try:
             client.submit_job(

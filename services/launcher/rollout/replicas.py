@@ -121,7 +121,7 @@ class ReplicaServer:
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Under the group watcher: the server's processes (API server, engine core, workers) live and die together.
-        argv = [sys.executable, "-m", "services.launcher.runner.groupwatch", "--", *argv_for(self.host, self.port)]
+        argv = [sys.executable, "-m", "services.launcher.rollout.groupwatch", "--", *argv_for(self.host, self.port)]
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()

@@ -1,0 +1,147 @@
+"""Carrying a run as a Ray job: the launcher submits the runner (``carry/job_main.py``) through the Jobs API, or
+finds the one still running after a launcher restart, and watches it to its end. The runner publishes the run's
+events and its end. A runner that ends without ending the run (it crashed, or died with its node) is submitted
+again, up to ``MAX_RETRIES`` times, and resumes where the last one stopped; after that the run fails with the last
+job's log tail and the number of attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runctl.config.models import RunConfig
+from runctl.events import RunCancelled
+from runctl.home import home
+from services.launcher.carry.books import RETRY_WINDOW_S, Books
+from services.launcher.carry.rayjob import TERMINAL, RayJobs
+from services.launcher.errors import LauncherError
+from services.launcher.ledger import LedgerEntry
+
+log = logging.getLogger(__name__)
+
+JOB_POLL_S = 1.0
+#: The launcher's environment a runner job is given (besides RUNCTL_NATS_URL and RUNCTL_HOME, always set).
+RUNNER_ENV = (
+    "RUNCTL_NATS_INBOX_PREFIX",
+    "RUNCTL_SITE_ENV",
+    "RUNCTL_LOG_LEVEL",
+    "RUNCTL_NODES_TIMEOUT_SEC",
+)
+
+
+class JobCarrier:
+    def __init__(self, books: Books, jobs: RayJobs) -> None:
+        self.books = books
+        self.jobs = jobs
+
+    async def carry(
+        self,
+        team: str,
+        run_id: str,
+        config: RunConfig,
+        progress: dict[str, Any],
+        cancelled: asyncio.Event,
+        cancelled_by: Callable[[], str],
+    ) -> None:
+        books, most = self.books, config.max_retries + 1
+        while True:
+            attempt = int(progress.get("job_attempt", 0))
+            try:
+                submission, progress = await self.find_or_submit(team, run_id, progress, config.venv_path)
+                attempt = int(progress["job_attempt"])
+                status, stop_sent = await self.watch(run_id, submission, cancelled)
+            except LauncherError as e:
+                await books.end_failed(team, run_id, "environment", e, int(progress.get("num_trials", 0)), attempt or 1)
+                return
+            entry = await books.ledger.get(run_id)
+            if entry is not None and entry.state == "ended":
+                return
+            progress = entry.progress if entry else progress
+            phase, trials = progress.get("phase", "environment"), int(progress.get("num_trials", 0))
+            if stop_sent:
+                await books.end(team, run_id, RunCancelled(requested_by=cancelled_by(), phase=phase, num_trials=trials))
+                return
+            tail = await asyncio.to_thread(self.jobs.log_tail, submission)
+            if attempt < most:
+                log.warning(
+                    "%s: its runner (Ray job %s) ended %s in phase %s without ending the run; starting runner %d of %d",
+                    run_id,
+                    submission,
+                    status,
+                    phase,
+                    attempt + 1,
+                    most,
+                )
+                continue
+            error = LauncherError(
+                f"the run's runner died {attempt} time(s) without ending the run (MAX_RETRIES={config.max_retries}: "
+                f"{most} attempt(s) in all); the last, Ray job {submission}, ended {status}. Its log ends:\n{tail}\n"
+                "Fix: see the runner's log and logs/runner.log in the run folder; then submit the run again.",
+                run_id=run_id,
+                team=team,
+            )
+            await books.end_failed(team, run_id, phase, error, trials, attempt)
+            return
+
+    async def find_or_submit(
+        self, team: str, run_id: str, progress: dict[str, Any], venv: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """The run's live runner job, else a new one (its attempt number counted in the ledger first).
+
+        Raises:
+            LauncherError: the jobs server cannot be reached or refuses the job.
+        """
+        live = [sid for sid, status in await asyncio.to_thread(self.jobs.find, run_id) if status not in TERMINAL]
+        if live:
+            log.info("%s: watching its running job %s", run_id, live[-1])
+            return live[-1], {**progress, "job_attempt": int(progress.get("job_attempt", 1))}
+        attempt = int(progress.get("job_attempt", 0)) + 1
+        progress = {**progress, "job_attempt": attempt}
+        await self.books.record(run_id, LedgerEntry(team=team, state="active", progress=progress))
+        submission = await asyncio.to_thread(self.jobs.submit, team, run_id, attempt, self.job_env(), venv)
+        log.info("%s: submitted as Ray job %s", run_id, submission)
+        return submission, progress
+
+    async def watch(self, run_id: str, submission: str, cancelled: asyncio.Event) -> tuple[str, bool]:
+        """Poll the job until it ends, stopping it if the run is cancelled; returns (final status, stop sent).
+
+        Raises:
+            LauncherError: the jobs server stayed unreachable for the retry window.
+        """
+        status, stop_sent, failing_since = "PENDING", False, None
+        while status not in TERMINAL:
+            try:
+                if cancelled.is_set() and not stop_sent:
+                    await asyncio.to_thread(self.jobs.stop, submission)
+                    stop_sent = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cancelled.wait(), JOB_POLL_S)
+                status = await asyncio.to_thread(self.jobs.status, submission)
+                failing_since = None
+            except LauncherError:
+                raise
+            except Exception as e:  # the Jobs SDK raises RuntimeError, ConnectionError … while the head restarts
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > RETRY_WINDOW_S:
+                    raise LauncherError(
+                        f"the Ray jobs server stopped answering about job {submission} for {RETRY_WINDOW_S:.0f}s "
+                        f"({type(e).__name__}: {e}). Fix: check the Ray head.",
+                        run_id=run_id,
+                    ) from e
+                log.warning("job %s: %s: %s; asking again", submission, type(e).__name__, e)
+                await asyncio.sleep(JOB_POLL_S)
+        return status, stop_sent
+
+    def job_env(self) -> dict[str, str]:
+        """What a runner job needs, and nothing more: the bus it publishes on, the runctl home, and the few settings
+        the runner itself reads. The launcher's other secrets (the database URL, the proxy's admin token, another
+        service's settings) stay out of the job's environment, which Ray shows to anyone who can list jobs."""
+        env = {k: os.environ[k] for k in RUNNER_ENV if k in os.environ}
+        env["RUNCTL_NATS_URL"] = self.books.bus.url
+        env["RUNCTL_HOME"] = str(home())
+        return env

@@ -1,0 +1,99 @@
+"""A run's books: its events on the bus and its entry in the launcher's ledger, written with retries through a
+short outage. The launcher and the runner job both keep them; every event id is deterministic
+(``<run_id>.<key>``) and the three end events share one, so a retry never records anything twice and a run ends
+exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+import nats.js.errors
+
+from runctl.bus import Bus
+from runctl.config.loader import validate_settings
+from runctl.config.models import RunConfig
+from runctl.errors import BusError, RunctlError
+from runctl.events import ConfigSubmitted, new_event, parse_event
+from runctl.events.payloads import RUNS_STREAM, Payload
+from runctl.subjects import event_subject
+from services.launcher.carry.lifecycle import failed
+from services.launcher.errors import ForegroundRun, LauncherError
+from services.launcher.ledger import Ledger, LedgerEntry
+
+log = logging.getLogger(__name__)
+
+RETRY_WINDOW_S = 60.0
+
+
+class Books:
+    def __init__(self, bus: Bus, ledger: Ledger, source: str) -> None:
+        self.bus = bus
+        self.ledger = ledger
+        self.source = source
+
+    async def publish(self, payload: Payload, team: str, run_id: str, key: str) -> None:
+        """Publish with retries: the id is deterministic, so a retry can never record an event twice."""
+        event = new_event(payload, team=team, run_id=run_id, source=self.source, event_id=f"{run_id}.{key}")
+        await retrying(lambda: self.bus.publish(event), f"publish {event.name} of {run_id}")
+
+    async def record(self, run_id: str, entry: LedgerEntry) -> None:
+        await retrying(lambda: self.ledger.put(run_id, entry), f"record {run_id} in the ledger")
+
+    async def end(self, team: str, run_id: str, payload: Payload) -> None:
+        await self.publish(payload, team, run_id, "end")
+        await self.record(run_id, LedgerEntry(team=team, state="ended", outcome=payload.event_name))
+        log.info("%s %s", run_id, payload.event_name)
+
+    async def end_failed(
+        self, team: str, run_id: str, phase: str, error: RunctlError, num_trials: int = 0, attempts: int = 1
+    ) -> None:
+        await self.end(team, run_id, failed(phase, error, num_trials, attempts))
+
+    async def submitted_config(self, team: str, run_id: str) -> tuple[ConfigSubmitted, RunConfig]:
+        """The run's config, read back from its ``config.submitted`` event (the event log is the truth).
+
+        Raises:
+            LauncherError: the run has no ``config.submitted``.
+            ForegroundRun: ``runctl run`` carries the run in its own process.
+            ConfigError: the submitted settings no longer validate.
+        """
+        subject = event_subject(team, run_id, ConfigSubmitted.event_name)
+        try:
+            msg = await self.bus.js.get_last_msg(RUNS_STREAM, subject)
+        except nats.js.errors.NotFoundError as e:
+            raise LauncherError(
+                f"no config.submitted for run {run_id} of team {team} in the {RUNS_STREAM} stream, so there is "
+                "nothing to launch. Fix: submit the config again.",
+                run_id=run_id,
+                team=team,
+            ) from e
+        submitted = parse_event(msg.data or b"").data
+        assert isinstance(submitted, ConfigSubmitted)
+        if submitted.via == "foreground":
+            raise ForegroundRun(f"run {run_id} is carried by `runctl run` in its own process", run_id=run_id)
+        values = {k: row.get("value") for k, row in submitted.resolved.items() if row.get("layer") != "default"}
+        return submitted, validate_settings(submitted.run_type, values, source=run_id)
+
+
+async def retrying(action: Callable[[], Awaitable[object]], what: str, window_s: float = RETRY_WINDOW_S) -> None:
+    """Retry an idempotent bus operation through a short outage (the connection reconnects by itself).
+
+    Raises:
+        BusError: still failing after ``window_s`` seconds.
+    """
+    deadline = time.monotonic() + window_s
+    delay = 0.2
+    while True:
+        try:
+            await action()
+            return
+        except (BusError, nats.errors.Error, nats.js.errors.Error, TimeoutError) as e:
+            if time.monotonic() + delay > deadline:
+                raise BusError(f"could not {what} for {window_s:.0f}s: {type(e).__name__}: {e}") from e
+            log.warning("could not %s (%s); retrying in %.1fs", what, type(e).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
