@@ -265,6 +265,10 @@ class AlgorithmSection(Section):
     """Learning-rate schedule; cosine and linear decay over TOTAL_TRAINING_STEPS."""
     lr_warmup_steps: int = Field(0, ge=0)
     """Linear warm-up steps."""
+    clip_ratio_low: float | None = Field(None, gt=0, lt=1)
+    """Lower clip of the policy ratio (1 − this); unset: 0.2 for POLICY_LOSS_MODE=vanilla, 3e-4 for gspo."""
+    clip_ratio_high: float | None = Field(None, gt=0)
+    """Upper clip of the policy ratio (1 + this); unset: 0.28 for POLICY_LOSS_MODE=vanilla, 4e-4 for gspo."""
     rollout_is: Literal["token", "sequence"] | None = None
     """Rollout importance-sampling correction level; unset disables it."""
     enable_r3: bool = False
@@ -293,6 +297,8 @@ class RolloutSection(Section):
     """Drop trials whose sandbox failed to set up from the loss."""
     traj_filter_overlong: bool = True
     """Drop trials that ran past the context length from the loss."""
+    vllm_ready_timeout: int = Field(900, ge=1)
+    """Seconds to wait for the vLLM server to become ready."""
 
 
 class AsyncSection(Section):

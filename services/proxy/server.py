@@ -54,7 +54,7 @@ from services.proxy.openai_surface import (
     read_response,
     upstream_body,
 )
-from services.proxy.replicas import ASLEEP, UP, RayDiscovery, Replica, ReplicaPool
+from services.proxy.replicas import ASLEEP, UP, RayDiscovery, Replica, ReplicaPool, parse_upstream
 from services.proxy.trajectory import Choice, Session, Turn, write_trajectory
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,12 @@ class ProxyServer:
         return await self.pool.wait_ready(timeout_s, every)
 
     # ------------------------------------------------------------------------------------------------ sessions
+    def replace_upstream(self, old_url: str, new_url: str) -> None:
+        """Route to ``new_url`` instead of ``old_url`` (a replica restarted on another port)."""
+        host, port = parse_upstream(old_url)
+        self.pool.remove(f"{host}:{port}")
+        self.pool.add(new_url)
+
     def open_session(self, metadata: dict[str, Any] | None = None) -> SessionInfo:
         session = Session(metadata)
         self.sessions[session.token] = session

@@ -122,6 +122,111 @@ def _agent_scaffold(c: RunConfig) -> bool:
     return c.scaffold in ("ohsdk", "oh", "cc", "oc")
 
 
+def _local_train(c: RunConfig) -> bool:
+    return c.engine == "local" and c.run_type == "train"
+
+
+def _set(c: RunConfig, *names: str) -> bool:
+    return any(n in c.model_fields_set for n in names)
+
+
+_TRL = "ENGINE=local trains with TRL's GRPOTrainer on one machine"
+#: What ENGINE=local's trainer (TRL's GRPO, one process) cannot carry out: refused with the reason, never ignored.
+LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
+    NotBuilt(
+        "TRAINING_MODE",
+        lambda c: _local_train(c) and getattr(c, "training_mode", "sync") == "async",
+        f"{_TRL}, rollout and update taking turns; the fully async mode is verl's",
+        "TRAINING_MODE=sync (the default), or ENGINE=verl",
+    ),
+    NotBuilt(
+        "ADV_ESTIMATOR",
+        lambda c: _local_train(c) and getattr(c, "adv_estimator", "grpo") != "grpo",
+        f"{_TRL}: GRPO's group-normalised advantages are the only estimator it has",
+        "ADV_ESTIMATOR=grpo, or ENGINE=verl",
+    ),
+    NotBuilt(
+        "POLICY_LOSS_MODE",
+        lambda c: _local_train(c) and getattr(c, "policy_loss_mode", "gspo") not in ("vanilla", "gspo"),
+        f"{_TRL}: it clips the token-level ratio (vanilla) or the sequence-level one (gspo); the other losses are "
+        "verl's",
+        "POLICY_LOSS_MODE=vanilla or gspo, or ENGINE=verl",
+    ),
+    NotBuilt(
+        "ROLLOUT_IS",
+        lambda c: _local_train(c) and getattr(c, "rollout_is", None) is not None,
+        f"{_TRL}; its rollout importance-sampling correction works only with TRL's own vLLM client, which cannot "
+        "sync weights on CPU",
+        "leave ROLLOUT_IS unset (the update is on-policy: one update per rollout)",
+    ),
+    NotBuilt(
+        "TRAIN_MINI_BSZ",
+        lambda c: _local_train(c) and _set(c, "train_mini_bsz") and getattr(c, "train_mini_bsz", 0) != c.train_bsz,
+        f"{_TRL}, one update per step on the whole batch (mini-batches are verl's)",
+        "remove TRAIN_MINI_BSZ (or set it to TRAIN_BSZ)",
+    ),
+    NotBuilt(
+        "NNODES",
+        lambda c: _local_train(c) and c.nnodes > 1,
+        f"{_TRL}: the trainer and the weights it syncs stay on the runner's machine",
+        "NNODES=1, or ENGINE=verl for a multi-node run",
+    ),
+    NotBuilt(
+        "MODEL_ENGINE, SP_SIZE, EP_SIZE, N_NODES_TRAIN, N_NODES_ROLLOUT, TRAIN_MICRO_BSZ_PER_GPU, USE_DYNAMIC_BSZ, "
+        "ENABLE_R3, VEOMNI_*",
+        lambda c: (
+            _local_train(c)
+            and _set(
+                c,
+                "model_engine",
+                "sp_size",
+                "ep_size",
+                "n_nodes_train",
+                "n_nodes_rollout",
+                "train_micro_bsz_per_gpu",
+                "use_dynamic_bsz",
+                "enable_r3",
+                "veomni_fused_kernels",
+                "veomni_activation_offload",
+            )
+        ),
+        f"{_TRL} in one process: these keys shape verl's distributed trainer",
+        "remove them, or set ENGINE=verl",
+    ),
+    NotBuilt(
+        "PARTIAL_ROLLOUT, STALENESS, REQUIRE_BATCHES, TRIGGER_PARAMETER_SYNC_STEP, TOTAL_ROLLOUT_STEPS",
+        lambda c: (
+            _local_train(c)
+            and _set(
+                c,
+                "partial_rollout",
+                "staleness",
+                "require_batches",
+                "trigger_parameter_sync_step",
+                "total_rollout_steps",
+            )
+        ),
+        f"{_TRL} synchronously: these keys steer verl's fully async mode",
+        "remove them, or set ENGINE=verl with TRAINING_MODE=async",
+    ),
+    NotBuilt(
+        "VAL_FILES, TEST_FREQ, VAL_BEFORE_TRAIN, VAL_TEMPERATURE, VAL_AGENT_TIMEOUT_SEC",
+        lambda c: (
+            _local_train(c)
+            and _set(c, "val_files", "test_freq", "val_before_train", "val_temperature", "val_agent_timeout_sec")
+        ),
+        f"{_TRL}; it validates through eval runs of its checkpoints, not inside the training loop",
+        "remove them and set EVAL_ON_CHECKPOINT=1 with EVAL_DATASET (each checkpoint gets its own eval run)",
+    ),
+    NotBuilt(
+        "GPU_MEM_UTIL",
+        lambda c: _local_train(c) and c.ngpus_per_node == 0 and _set(c, "gpu_mem_util"),
+        "vLLM on CPU has no GPU memory to share (its KV cache is VLLM_CPU_KVCACHE_SPACE in the environment)",
+        "remove GPU_MEM_UTIL",
+    ),
+)
+
+
 #: Everything a config can ask for that this build does not do. ENGINE=fake runs are previews: only the rows that
 #: hold for every engine apply to them (``engine.not_built`` warns of the keys a synthetic run ignores).
 NOT_BUILT: tuple[NotBuilt, ...] = (
@@ -131,12 +236,7 @@ NOT_BUILT: tuple[NotBuilt, ...] = (
         "the verl engine (GPU training and rollouts through verl) is not built yet",
         "ENGINE=local for infer and eval runs on this machine, or ENGINE=fake to preview a train run's lifecycle",
     ),
-    NotBuilt(
-        "ENGINE",
-        lambda c: c.engine == "local" and c.run_type == "train",
-        "ENGINE=local carries infer and eval runs; its trainer (GRPO on CPU) is not built yet",
-        "ENGINE=fake to preview a train run's lifecycle with synthetic numbers",
-    ),
+    *LOCAL_TRAINER_REFUSES,
     NotBuilt(
         "SCAFFOLD",
         lambda c: c.engine != "fake" and _agent_scaffold(c),

@@ -47,6 +47,8 @@ class RunContext:
     """Told (trials done, trials in all) when the loop starts; a foreground run shows it."""
     secret_values: frozenset[str] = frozenset()
     """Secrets the config interpolated into other values (a foreground run has them): records show ``***``."""
+    pinned_checkpoints: Callable[[], Awaitable[set[int]]] = field(default=lambda: _nothing_pinned())
+    """The steps of this run's checkpoints whose eval run has not ended: MAX_CKPT_TO_KEEP never deletes them."""
 
     async def emit(self, payload: Payload, key: str) -> None:
         """Publish an event of this run; ``key`` must be stable across restarts (``step.12``)."""
@@ -73,6 +75,10 @@ class RunContext:
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():
             raise RunCancelledError(f"run {self.run_id} was cancelled", run_id=self.run_id)
+
+
+async def _nothing_pinned() -> set[int]:
+    return set()
 
 
 class Engine(Protocol):

@@ -1,10 +1,11 @@
-"""ENGINE=local: infer and eval runs on one machine or a Ray cluster, for real — Ray, vLLM replicas, the proxy,
-sandboxes, agents and verifiers.
+"""ENGINE=local: infer, eval and train runs on one machine or a Ray cluster, for real — Ray, vLLM replicas, the
+proxy, sandboxes, agents and verifiers, and for a train run TRL's GRPO on this machine's CPU (or GPU).
 
 Phases: environment (load the tasks, open the sandbox backend, write the resolved config) → ray (attach or start a
 head, wait for NNODES) → replicas (GEN_DP vLLM servers as Ray actors) → proxy (in this process, one session per
-trial) → loop (the trials, N_CONCURRENT at once, resumable) → outputs (summary.csv, summary.json, the filtered
-index of an infer run). Whatever was started is stopped on the way out, whatever happened.
+trial) → loop (infer/eval: the trials, N_CONCURRENT at once; train: the steps, see ``trainer/loop.py``; both
+resumable) → outputs (summary.csv, summary.json, the filtered index of an infer run; a train run's summary.json).
+Whatever was started is stopped on the way out, whatever happened.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ from services.launcher.rollout import replicas as vllm_replicas
 from services.launcher.rollout import scores
 from services.launcher.rollout.agents.installed import SOCKET_NAME
 from services.launcher.rollout.trials import LoopSettings, TrialLoop, trial_event
+from services.launcher.trainer import checkpoints
+from services.launcher.trainer.loop import TrainLoop
+from services.launcher.weights.base import WeightSync
+from services.launcher.weights.fake import FakeSync
+from services.launcher.weights.reload import VllmReload
 from services.proxy.server import ProxyServer
 from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
 from services.sandbox.trial import TrialLimits
@@ -49,12 +55,6 @@ class LocalEngine:
 
     async def run(self, ctx: RunContext) -> Outcome:
         config = ctx.config
-        if isinstance(config, TrainConfig):
-            raise EngineError(
-                "ENGINE=local carries infer and eval runs in this build; its trainer is not built yet. Fix: "
-                "ENGINE=verl on a GPU cluster, or ENGINE=fake to preview a train run's lifecycle.",
-                phase="environment",
-            )
         attempt = int(ctx.progress.get("attempt", 0)) + 1
         ctx.key_suffix = "" if attempt == 1 else f".attempt{attempt}"
         await ctx.save(attempt=attempt)
@@ -84,12 +84,13 @@ class LocalEngine:
 
             await ctx.enter_phase("replicas")
             urls: list[str] = []
+            started: list[vllm_replicas.Replica] = []
+            namespace = f"runctl-{ctx.run_id}"
             if settings.agent in MODEL_FREE_AGENTS:
                 health = f"none started: AGENT_NAME={settings.agent} calls no model"
                 ready = ReplicasReady(addresses=[], dp=config.gen_dp, tp=config.gen_tp, model="", health=health)
             else:
                 model_still_there(config)
-                namespace = f"runctl-{ctx.run_id}"
                 started = await asyncio.to_thread(vllm_replicas.start, config, namespace, ctx.run_dir / "logs")
                 stack.push_async_callback(asyncio.to_thread, vllm_replicas.stop, started)
                 timeout = float(config.vllm_ready_timeout)
@@ -132,6 +133,24 @@ class LocalEngine:
                 await ctx.save()  # the count of trials published, for whoever must end the run if this runner dies
 
             trials_dir = trials_folder(config, ctx.run_dir)
+            if isinstance(config, TrainConfig):
+
+                def step_trials(step_tasks: list[Task], first: int) -> TrialLoop:
+                    return TrialLoop(
+                        step_tasks, trials_dir, settings, backend, image_for, proxy, labels, publish, first_trial=first
+                    )
+
+                sync = self.weight_sync(config, started, proxy, namespace, ctx.run_dir / "logs")
+                train = TrainLoop(ctx, config, tasks, step_trials, sync, ctx.pinned_checkpoints, pad_id(config))
+                await ctx.enter_phase("loop", total=train.plan.total_steps)
+                try:
+                    last = await train.run()
+                finally:
+                    if isinstance(sync, VllmReload):
+                        await sync.close()
+                ctx.check_cancelled()
+                await ctx.enter_phase("outputs")
+                return write_train_outputs(config, ctx.run_dir, last)
             loop = TrialLoop(tasks, trials_dir, settings, backend, image_for, proxy, labels, publish)
             await ctx.enter_phase("loop", total=loop.total)
             todo = await loop.recover()
@@ -145,6 +164,31 @@ class LocalEngine:
             log.info("all %d trials done; writing the summaries", loop.total)
             return write_outputs(config, ctx.run_dir, index, entries, loop.records, settings.n_trials)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def weight_sync(
+        config: TrainConfig,
+        started: list[vllm_replicas.Replica],
+        proxy: ProxyServer | None,
+        namespace: str,
+        log_dir: Path,
+    ) -> WeightSync:
+        """Reload in place, restarting a replica on the new weights only when its reload fails."""
+        if not started:
+            return FakeSync()  # no replica serves the policy (a model-free agent): nothing to sync
+
+        async def restart(index: int, folder: Path) -> str:
+            old = started[index]
+            await asyncio.to_thread(vllm_replicas.stop, [old])
+            on_new = config.model_copy(update={"model_path": str(folder)})
+            (new,) = await asyncio.to_thread(vllm_replicas.start, on_new, namespace, log_dir, [index])
+            started[index] = new
+            await asyncio.to_thread(vllm_replicas.wait_ready, [new], float(config.vllm_ready_timeout))
+            if proxy is not None:
+                proxy.replace_upstream(old.url, new.url)
+            return new.url
+
+        return VllmReload([r.url for r in started], restart)
 
 
 def model_still_there(config: RunConfig) -> None:
@@ -181,7 +225,7 @@ def run_log(path: Path) -> Iterator[None]:
         handler.close()
 
 
-def loop_settings(config: InferConfig | EvalConfig) -> LoopSettings:
+def loop_settings(config: RunConfig) -> LoopSettings:
     if config.scaffold not in ("terminal", "installed"):
         raise EngineError(
             f"SCAFFOLD={config.scaffold}: this build's runner drives the terminal agent and installed agents. Fix: "
@@ -200,13 +244,22 @@ def loop_settings(config: InferConfig | EvalConfig) -> LoopSettings:
         "limits": limits,
         "agent_command": config.agent_command,
         "local_backend": config.backend == "local",
-        "n_trials": config.n_trials,
-        "n_concurrent": config.n_concurrent,
         "agent": agent,
         "max_turns": config.agent_max_iterations,
         "served_model": config.served_model_name,
         "sandbox_retries": config.sandbox_retries,
     }
+    if isinstance(config, TrainConfig):
+        # A step runs N_RESP trials of each of its tasks, AGENT_NUM_WORKERS at once, sampled at TEMPERATURE.
+        return LoopSettings(
+            **common,
+            n_trials=config.n_resp,
+            n_concurrent=config.agent_num_workers,
+            temperature=config.temperature,
+            agent_timeout_s=float(config.agent_timeout_sec),
+            max_context_tokens=config.max_model_len or config.max_prompt + config.max_resp,
+        )
+    common.update(n_trials=config.n_trials, n_concurrent=config.n_concurrent)
     if isinstance(config, InferConfig):
         return LoopSettings(
             **common,
@@ -223,7 +276,7 @@ def loop_settings(config: InferConfig | EvalConfig) -> LoopSettings:
     )
 
 
-def select_tasks(config: InferConfig | EvalConfig) -> tuple[TaskIndex, list[IndexEntry], list[Task]]:
+def select_tasks(config: RunConfig) -> tuple[TaskIndex, list[IndexEntry], list[Task]]:
     """The index and the tasks this run attempts, in index order.
 
     Raises:
@@ -239,6 +292,9 @@ def select_tasks(config: InferConfig | EvalConfig) -> tuple[TaskIndex, list[Inde
                 )
             index = load_index(config.dataset_path)
             entries = index.entries[: config.n_tasks] if config.n_tasks else index.entries
+        elif isinstance(config, TrainConfig):
+            index = load_index(config.train_files)
+            entries = index.entries
         else:
             index = load_index(config.index_file)
             entries = index.entries
@@ -261,7 +317,7 @@ def select_tasks(config: InferConfig | EvalConfig) -> tuple[TaskIndex, list[Inde
     return index, entries, tasks
 
 
-def trials_folder(config: InferConfig | EvalConfig, run_dir: Path) -> Path:
+def trials_folder(config: RunConfig, run_dir: Path) -> Path:
     return layout.trials_folder(run_dir, config.results_dir if isinstance(config, InferConfig) else None)
 
 
@@ -330,6 +386,36 @@ def write_outputs(
     }
     (run_dir / "summary.json").write_text(json.dumps(document, indent=2) + "\n")
     return Outcome(summary=summary, score=figures["pass@1"])
+
+
+def pad_id(config: TrainConfig) -> int:
+    """The token of the placeholder a trial without a model call gets (masked out): the model's pad or EOS."""
+    try:
+        found = json.loads((Path(config.model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    for key in ("pad_token_id", "eos_token_id"):
+        value = found.get(key)
+        if isinstance(value, list) and value:
+            value = value[0]
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def write_train_outputs(config: TrainConfig, run_dir: Path, last: dict[str, Any]) -> Outcome:
+    """A train run's summary.json: its steps, its published checkpoints and the last step's figures."""
+    metrics = last.get("metrics", {})
+    steps = checkpoints.published_steps(run_dir)
+    summary: dict[str, Any] = {
+        "run_type": "train",
+        "steps": last.get("step", 0),
+        "checkpoints": [str(checkpoints.published_folder(run_dir, s) / checkpoints.HF) for s in steps],
+        "last_checkpoint": str(checkpoints.published_folder(run_dir, steps[-1]) / checkpoints.HF) if steps else None,
+        "score_last_step": metrics.get("critic/score/mean"),
+    }
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "last_step_metrics": metrics}, indent=2) + "\n")
+    return Outcome(summary=summary, score=metrics.get("critic/score/mean"))
 
 
 def write_index(path: Path, entries: list[IndexEntry]) -> None:

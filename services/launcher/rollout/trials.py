@@ -101,8 +101,12 @@ class TrialLoop:
         proxy: ProxyServer | None,
         labels: dict[str, str],
         publish: Publish,
+        first_trial: int = 0,
     ) -> None:
+        """``first_trial``: the number of each task's first trial here (a train run's step ``s`` numbers its trials
+        from ``(s - 1) × N_RESP``, so that every trial of a run has its own folder and event)."""
         self.tasks = tasks
+        self.first_trial = first_trial
         self.trials_dir = trials_dir
         self.settings = settings
         self.backend = backend
@@ -118,7 +122,7 @@ class TrialLoop:
 
     def pairs(self) -> Iterator[tuple[Task, int]]:
         for task in self.tasks:
-            for k in range(self.settings.n_trials):
+            for k in range(self.first_trial, self.first_trial + self.settings.n_trials):
                 yield task, k
 
     @property

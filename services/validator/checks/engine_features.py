@@ -91,7 +91,7 @@ def not_built(ctx: Context) -> Verdict:
     asked = [row for row in NOT_BUILT if row.applies(c)]
     if asked:
         return fatal(
-            "; ".join(f"{row.key}={_value(c, row.key)}: {row.missing}" for row in asked) + ".",
+            "; ".join(f"{_shown(c, row.key)}: {row.missing}" for row in asked) + ".",
             "; ".join(f"{row.fix}" for row in asked) + ".",
         )
     if c.engine == "fake":
@@ -111,12 +111,19 @@ def not_built(ctx: Context) -> Verdict:
     return ok(f"everything this {c.run_type} run asks of ENGINE={c.engine} is built")
 
 
-def _value(config: RunConfig, key: str) -> str:
-    if key.endswith("*"):
-        return ",".join(
-            k.upper() + "=" + str(getattr(config, k))
+def _shown(config: RunConfig, key: str) -> str:
+    """``KEY=value`` for a row's key; for a family (``FAKE_*``) or a list (``A, B``) of keys, the ones set."""
+    if key.endswith("*") or ", " in key:
+        names = [k.strip() for k in key.split(",")]
+        chosen = [
+            k
             for k in sorted(config.model_fields_set)
-            if k.upper().startswith(key[:-1])
-        )
+            if any(k.upper() == n or (n.endswith("*") and k.upper().startswith(n[:-1])) for n in names)
+        ]
+        return ", ".join(f"{k.upper()}={_value(config, k)}" for k in chosen) or key
+    return f"{key}={_value(config, key)}"
+
+
+def _value(config: RunConfig, key: str) -> str:
     value = getattr(config, key.lower(), None)
     return "1" if value is True else "0" if value is False else str(value)

@@ -108,6 +108,8 @@ def group_size(ctx: Context) -> Verdict:
 @check("batch.mini_divides_bsz", PARALLEL, "verl rejecting the batch sizes at start", ["train"])
 def mini_divides_bsz(ctx: Context) -> Verdict:
     c = train_config(ctx)
+    if c.engine == "local" and "train_mini_bsz" not in c.model_fields_set:
+        return skip("ENGINE=local updates once per step on the whole batch")
     if c.train_mini_bsz > c.train_bsz or c.train_bsz % c.train_mini_bsz:
         return fatal(
             f"TRAIN_BSZ={c.train_bsz} is not a multiple of TRAIN_MINI_BSZ={c.train_mini_bsz}.",

@@ -1,0 +1,90 @@
+"""A train config mapped onto TRL's ``GRPOConfig`` (pure: no TRL import, so the validator and the tests can ask).
+
+One optimizer step per runctl step: a step takes ``TRAIN_BSZ`` tasks, runs ``N_RESP`` trials of each, and updates
+on all of them at once (``per_device_train_batch_size = TRAIN_BSZ × N_RESP``, ``num_generations = N_RESP``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runctl.config import TrainConfig
+
+#: The clip range each loss mode is used with when CLIP_RATIO_LOW / CLIP_RATIO_HIGH are unset: PPO's 0.2 for the
+#: token-level loss (DAPO's 0.28 above), and GSPO's paper values for the sequence-level ratio, which sits much
+#: closer to 1.
+DEFAULT_CLIP: dict[str, tuple[float, float]] = {"vanilla": (0.2, 0.28), "gspo": (3e-4, 4e-4)}
+#: LR_SCHEDULER → the transformers scheduler (each with LR_WARMUP_STEPS of linear warm-up).
+SCHEDULERS = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}
+#: POLICY_LOSS_MODE → TRL's importance-sampling level.
+IMPORTANCE_LEVEL = {"vanilla": "token", "gspo": "sequence"}
+
+
+@dataclass(frozen=True)
+class StepShape:
+    tasks: int
+    responses: int
+
+    @property
+    def samples(self) -> int:
+        return self.tasks * self.responses
+
+
+def step_shape(config: TrainConfig) -> StepShape:
+    return StepShape(config.train_bsz, config.n_resp)
+
+
+def clip_range(config: TrainConfig) -> tuple[float, float]:
+    low, high = DEFAULT_CLIP.get(config.policy_loss_mode, DEFAULT_CLIP["vanilla"])
+    return (
+        config.clip_ratio_low if config.clip_ratio_low is not None else low,
+        config.clip_ratio_high if config.clip_ratio_high is not None else high,
+    )
+
+
+def kl_coef(config: TrainConfig) -> float:
+    return config.kl_loss_coef if config.use_kl_loss else 0.0
+
+
+def grpo_kwargs(config: TrainConfig, output_dir: str, seed: int = 0) -> dict[str, Any]:
+    """The ``GRPOConfig`` arguments for a train run. Checkpoints are written every step (the resume point: a run
+    loses at most the step in flight); which of them become published checkpoints is runctl's choice
+    (``checkpoints.py``)."""
+    low, high = clip_range(config)
+    shape = step_shape(config)
+    kwargs: dict[str, Any] = {
+        "output_dir": output_dir,
+        "use_cpu": config.ngpus_per_node == 0,
+        "bf16": False,
+        "seed": seed,
+        "data_seed": seed,
+        "learning_rate": config.actor_lr,
+        "lr_scheduler_type": SCHEDULERS[config.lr_scheduler],
+        "warmup_steps": config.lr_warmup_steps,
+        "per_device_train_batch_size": shape.samples,
+        "gradient_accumulation_steps": 1,
+        "num_generations": shape.responses,
+        "steps_per_generation": 1,
+        "num_iterations": 1,
+        "beta": kl_coef(config),
+        "epsilon": low,
+        "epsilon_high": high,
+        "importance_sampling_level": IMPORTANCE_LEVEL[config.policy_loss_mode],
+        "loss_type": "dapo",
+        "entropy_coef": config.entropy_coeff,
+        "temperature": config.temperature,
+        "max_completion_length": config.max_resp,
+        "num_train_epochs": config.total_epochs,
+        "max_steps": config.total_training_steps or -1,
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": 1,
+        "save_only_model": False,
+        "report_to": [],
+        "disable_tqdm": True,
+        "shuffle_dataset": True,
+        "dataloader_num_workers": 0,
+        "remove_unused_columns": False,
+    }
+    return kwargs
