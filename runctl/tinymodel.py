@@ -1,9 +1,9 @@
 """Make the tiny chat model that the CPU paths, the tests and the benchmarks serve with vLLM.
 
-Nothing comes from a model hub: a Llama-shaped network with random weights (hidden 128, 2 layers, 4 heads, about
-half a million parameters) and a byte-level BPE tokenizer trained here on generated text, saved with a ChatML chat
-template that renders tools, tool calls and tool results the way Hermes-style tool parsers read them. Both are
-seeded, so the same version of this module makes the same files.
+Nothing comes from a model hub: a Llama-shaped network with random weights (hidden 128, 2 layers, 4 heads, under
+a million parameters, its output head untied from the embedding) and a byte-level BPE tokenizer trained here on
+generated text, saved with a ChatML chat template that renders tools, tool calls and tool results the way
+Hermes-style tool parsers read them. Both are seeded, so the same version of this module makes the same files.
 
 ``python -m runctl.tinymodel DIR`` writes the model into DIR (``config.json``, ``model.safetensors``, the tokenizer
 files); it is a no-op when DIR already holds a model made by this version.
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-VERSION = 2
+VERSION = 3
 STAMP = "runctl-tinymodel.json"
 VOCAB_SIZE = 2048
 SEED = 20261130
@@ -264,7 +264,8 @@ def make(folder: Path, shape: str = "tiny") -> Path:
         num_attention_heads=dims["num_attention_heads"],
         num_key_value_heads=dims["num_attention_heads"],
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
+        # Untied: vLLM's in-place weight reload (a train run's sync) does not refresh a head tied to the embedding.
+        tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

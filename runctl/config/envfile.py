@@ -348,3 +348,9 @@ def _expand_parts(parts: tuple[Part, ...], lookup: Lookup, entry: Entry) -> str:
             )
         out.append(value)
     return "".join(out)
+
+
+def quote(value: str) -> str:
+    """``value`` as a double-quoted ``.env`` value that parses back to exactly ``value`` (nothing interpolated)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+    return '"' + escaped.replace("\n", "\\n").replace("\t", "\\t") + '"'

@@ -321,6 +321,10 @@ class EvalOnCheckpointSection(Section):
     """Submit an eval run for each saved checkpoint, within the team's quota."""
     eval_dataset: str | None = None
     """Held-out task index (parquet) or task folder those eval runs score on."""
+    eval_n_trials: int = Field(4, ge=1)
+    """Trials per task in each of those eval runs (pass@1 is their mean; more trials, a narrower interval)."""
+    eval_temperature: float = Field(0.7, ge=0)
+    """Sampling temperature of those eval runs."""
 
     @model_validator(mode="after")
     def _eval_dataset_needed(self) -> EvalOnCheckpointSection:

@@ -16,7 +16,17 @@ from typing import Any
 from runctl.bus import Bus, ConsumerSpec, each_event
 from runctl.config.models import RunConfig
 from runctl.errors import ConfigError, EventError
-from runctl.events import CancelRequested, ConfigValidated, Event, RunAdmitted, RunCancelled, RunQueued
+from runctl.events import (
+    CancelRequested,
+    CheckpointSaved,
+    ConfigValidated,
+    Event,
+    RunAdmitted,
+    RunCancelled,
+    RunFailed,
+    RunQueued,
+    RunSucceeded,
+)
 from runctl.events.payloads import RUNS_STREAM
 from runctl.service import ServiceRuntime
 from runctl.subjects import event_filter
@@ -25,6 +35,7 @@ from services.launcher.carry.books import Books
 from services.launcher.carry.inprocess import carry_in_process
 from services.launcher.carry.rayjob import RayJobs
 from services.launcher.errors import ForegroundRun, LauncherError
+from services.launcher.evals import Evals, EvalStore
 from services.launcher.ledger import Ledger, LedgerEntry
 
 log = logging.getLogger(__name__)
@@ -34,8 +45,19 @@ JOB_ENGINES = frozenset({"local"})
 CONSUMER = ConsumerSpec(
     durable="launcher",
     stream=RUNS_STREAM,
-    filter_subjects=[event_filter(ConfigValidated.event_name), event_filter(CancelRequested.event_name)],
+    filter_subjects=[
+        event_filter(name)
+        for name in (
+            ConfigValidated.event_name,
+            CancelRequested.event_name,
+            CheckpointSaved.event_name,
+            RunSucceeded.event_name,
+            RunFailed.event_name,
+            RunCancelled.event_name,
+        )
+    ],
 )
+ENDS = (RunSucceeded, RunFailed, RunCancelled)
 
 
 def resources_for(config: RunConfig) -> dict[str, float]:
@@ -55,8 +77,10 @@ class Launcher:
         source: str,
         on_fatal: Callable[[], None] | None = None,
         jobs: RayJobs | None = None,
+        evals: EvalStore | None = None,
     ) -> None:
         self.books = Books(bus, ledger, source)
+        self.evals = Evals(self.books, evals) if evals is not None else None
         self.ledger = ledger
         self.on_fatal = on_fatal or (lambda: None)
         self.job_carrier = JobCarrier(self.books, jobs) if jobs is not None else None
@@ -69,6 +93,10 @@ class Launcher:
             await self.admit(event)
         elif isinstance(event.data, CancelRequested):
             await self.cancel(event.team, event.runid, event.data.requested_by)
+        elif self.evals is not None and isinstance(event.data, CheckpointSaved):
+            await self.evals.on_checkpoint(event)
+        elif self.evals is not None and isinstance(event.data, ENDS):
+            await self.evals.on_end(event)
 
     async def admit(self, event: Event) -> None:
         team, run_id = event.team, event.runid
@@ -108,8 +136,15 @@ class Launcher:
 
         if self.job_carrier is not None and config.engine in JOB_ENGINES:
             await self.job_carrier.carry(team, run_id, config, progress, cancelled, cancelled_by)
-        else:
-            await carry_in_process(self.books, team, run_id, config, progress, cancelled, cancelled_by, self.on_fatal)
+            return
+        evals = self.evals
+
+        async def pinned() -> set[int]:
+            return await evals.store.pinned(run_id) if evals is not None else set()
+
+        await carry_in_process(
+            self.books, team, run_id, config, progress, cancelled, cancelled_by, self.on_fatal, pinned=pinned
+        )
 
     async def cancel(self, team: str, run_id: str, requested_by: str) -> None:
         entry = await self.ledger.get(run_id)
@@ -154,7 +189,10 @@ class Launcher:
 async def main(runtime: ServiceRuntime) -> None:
     assert runtime.bus is not None
     jobs = RayJobs()
-    launcher = Launcher(runtime.bus, await Ledger.open(runtime.bus), runtime.source, runtime.request_stop, jobs)
+    bus = runtime.bus
+    launcher = Launcher(
+        bus, await Ledger.open(bus), runtime.source, runtime.request_stop, jobs, await EvalStore.open(bus)
+    )
     runtime.health_info(lambda: {"active_runs": sorted(launcher.tasks), "pid": os.getpid()})
 
     async def stop() -> None:

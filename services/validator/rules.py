@@ -161,7 +161,11 @@ LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
     ),
     NotBuilt(
         "TRAIN_MINI_BSZ",
-        lambda c: _local_train(c) and _set(c, "train_mini_bsz") and getattr(c, "train_mini_bsz", 0) != c.train_bsz,
+        lambda c: (
+            _local_train(c)
+            and _set(c, "train_mini_bsz")
+            and getattr(c, "train_mini_bsz", 0) != getattr(c, "train_bsz", 0)
+        ),
         f"{_TRL}, one update per step on the whole batch (mini-batches are verl's)",
         "remove TRAIN_MINI_BSZ (or set it to TRAIN_BSZ)",
     ),

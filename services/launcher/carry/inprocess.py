@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runctl.config.models import RunConfig
@@ -29,10 +29,11 @@ async def carry_in_process(
     cancelled: asyncio.Event,
     cancelled_by: Callable[[], str],
     on_fatal: Callable[[], None] = lambda: None,
+    pinned: Callable[[], Awaitable[set[int]]] | None = None,
 ) -> None:
     """Run the engine to the end and publish exactly one end event. When the bus or the ledger stays unreachable
     the run is not over, only this process's part in it: ``on_fatal`` is called and the run stays active for the
-    next launcher to resume."""
+    next launcher to resume. ``pinned`` tells a train run which of its checkpoints an eval run still reads."""
     run_dir = run_dir_for(team, run_id, config)
 
     async def emit(payload: Payload, key: str) -> None:
@@ -42,6 +43,8 @@ async def carry_in_process(
         await books.record(run_id, LedgerEntry(team=team, state="active", progress=state))
 
     ctx = RunContext(run_id, team, config, run_dir, emit, save, dict(progress), cancelled)
+    if pinned is not None:
+        ctx.pinned_checkpoints = pinned
     attempts = max(1, int(progress.get("job_attempt", 1)))
     try:
         end = await carry_to_end(ctx, cancelled_by, reraise=(BusError,), attempts=attempts)

@@ -21,6 +21,7 @@ from runctl.service import SOURCE_PREFIX, setup_logging
 from runctl.subjects import event_subject
 from services.launcher.carry.books import Books
 from services.launcher.carry.inprocess import carry_in_process
+from services.launcher.evals import EvalStore
 from services.launcher.ledger import Ledger
 
 
@@ -55,7 +56,12 @@ async def main(team: str, run_id: str) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: pending.add(loop.create_task(cancel())))
         progress = entry.progress if entry else {}
-        await carry_in_process(books, team, run_id, config, progress, cancelled, lambda: by[0])
+        store = await EvalStore.open(bus)
+
+        async def pinned() -> set[int]:
+            return await store.pinned(run_id)
+
+        await carry_in_process(books, team, run_id, config, progress, cancelled, lambda: by[0], pinned=pinned)
         return 0
     finally:
         await bus.close()

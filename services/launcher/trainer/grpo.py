@@ -51,7 +51,7 @@ def plan(config: TrainConfig, num_tasks: int) -> Plan:
     return Plan(per_epoch, config.total_training_steps or per_epoch * config.total_epochs)
 
 
-def _reward(prompts: list[Any], completions: list[Any], **fields: Any) -> list[float]:
+def _reward(prompts: list[Any], completions: list[Any], **fields: Any) -> list[float | None]:
     return [float(r) for r in fields[REWARD_FIELD]]
 
 
@@ -65,7 +65,8 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(config.model_path)
@@ -92,7 +93,7 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
             REWARD_FIELD: [s.reward for s in samples],
         }
 
-    class StepHooks(TrainerCallback):  # type: ignore[misc]
+    class StepHooks(TrainerCallback):
         def __init__(self) -> None:
             self.logs: dict[str, float] = {}
 

@@ -72,8 +72,8 @@ def sample_of(record: dict[str, Any], trajectory: dict[str, Any] | None, f: Filt
     sequence, extra = _best_sequence(trajectory)
     reward = float(record["reward"]) if record.get("reward") is not None else 0.0
     if sequence is None:
-        why = filter_reason(record, 0, 0, f) or "env_setup_failed"
-        return Sample(record["task"], int(record["trial"]), [pad_id], [pad_id], [0.0], [0], reward, why, extra)
+        empty: FilterReason = filter_reason(record, 0, 0, f) or "env_setup_failed"
+        return Sample(record["task"], int(record["trial"]), [pad_id], [pad_id], [0.0], [0], reward, empty, extra)
     prompt = list(sequence["prompt_token_ids"])
     response = list(sequence["response_token_ids"])
     mask = [int(m) for m in sequence["response_mask"]]

@@ -1,0 +1,221 @@
+"""Evaluation on every checkpoint: each ``checkpoint.saved`` of a train run with ``EVAL_ON_CHECKPOINT=1`` becomes
+one eval run of that checkpoint on ``EVAL_DATASET``, submitted through the normal path (``config.submitted`` →
+the validator → ``config.validated`` → admission), and ``eval.requested`` links the two.
+
+Exactly once per checkpoint: the eval run's id is derived from the parent and the step
+(``<parent>-eval-s<step>``), and its entry in the ``runctl_evals`` KV bucket is *created* (a second create fails),
+so a redelivered event, a duplicate ``checkpoint.saved`` and a restarted launcher all find it there. The
+submission itself is looked up before it is published.
+
+At most ``RUNCTL_MAX_EVALS_IN_FLIGHT`` eval runs (a site setting, default 2) are in flight at once across the
+stack; the others wait, queued in step order, and are submitted as earlier ones end. Eval runs of a cancelled
+train run still run to the end: each names its parent run and step (``PARENT_RUN``, ``CHECKPOINT_STEP``).
+
+When an eval run ends, its checkpoint is no longer pinned, and the parent's checkpoints beyond
+``MAX_CKPT_TO_KEEP`` are pruned (the runner prunes at each save, but never a checkpoint whose eval is running).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from runctl.bus import Bus
+from runctl.bus.kv import bucket_keys, open_bucket
+from runctl.config.envfile import quote
+from runctl.config.loader import load_config
+from runctl.config.models import TrainConfig, is_secret, keys_for
+from runctl.errors import ConfigError, RunctlError
+from runctl.events import CheckpointSaved, ConfigSubmitted, EvalRequested, Event
+from runctl.events.payloads import RUNS_STREAM
+from runctl.sdk import submission_event
+from runctl.subjects import event_subject, kv_bucket
+from services.launcher.carry.books import Books
+from services.launcher.carry.lifecycle import run_dir_for
+from services.launcher.trainer import checkpoints
+
+log = logging.getLogger(__name__)
+
+BUCKET = kv_bucket("evals")
+CAP_ENV = "RUNCTL_MAX_EVALS_IN_FLIGHT"
+DEFAULT_CAP = 2
+EvalState = Literal["queued", "submitted", "ended"]
+#: Keys an eval run of a checkpoint is given its own value for (the rest come from the train run, where they apply).
+OWN_KEYS = {"RUN_TYPE", "EXP_NAME", "MODEL_PATH", "DATASET_PATH", "N_TRIALS", "EVAL_TEMPERATURE", "N_CONCURRENT"}
+OWN_KEYS |= {"PARENT_RUN", "CHECKPOINT_STEP", "OUTPUT_DIR", "VLLM_READY_TIMEOUT"}
+
+
+@dataclass
+class EvalEntry:
+    parent: str
+    team: str
+    step: int
+    checkpoint: str
+    eval_run: str
+    state: EvalState = "queued"
+    outcome: str = ""
+
+
+def eval_run_id(parent: str, step: int) -> str:
+    return f"{parent}-eval-s{step}"
+
+
+def key_of(parent: str, step: int) -> str:
+    return f"{parent}.{step}"
+
+
+def cap() -> int:
+    try:
+        return max(1, int(os.environ.get(CAP_ENV, DEFAULT_CAP)))
+    except ValueError:
+        return DEFAULT_CAP
+
+
+class EvalStore:
+    def __init__(self, kv: KeyValue, bus: Bus) -> None:
+        self.kv = kv
+        self.bus = bus
+
+    @classmethod
+    async def open(cls, bus: Bus) -> EvalStore:
+        return cls(await open_bucket(bus.js, BUCKET), bus)
+
+    async def create(self, entry: EvalEntry) -> bool:
+        """Record a new eval; False when this checkpoint has one already."""
+        try:
+            await self.kv.create(key_of(entry.parent, entry.step), json.dumps(asdict(entry)).encode())
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def put(self, entry: EvalEntry) -> None:
+        await self.kv.put(key_of(entry.parent, entry.step), json.dumps(asdict(entry)).encode())
+
+    async def entries(self, parent: str | None = None) -> list[EvalEntry]:
+        found = []
+        for key in await bucket_keys(self.bus.js, BUCKET, parent or ""):
+            try:
+                got = await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            if got.value:
+                found.append(EvalEntry(**json.loads(got.value)))
+        return sorted(found, key=lambda e: (e.parent, e.step))
+
+    async def pinned(self, parent: str) -> set[int]:
+        """Steps of ``parent`` whose eval run has not ended."""
+        return {e.step for e in await self.entries(parent) if e.state != "ended"}
+
+
+def eval_config_text(parent: ConfigSubmitted, parent_run: str, config: TrainConfig, step: int, checkpoint: str) -> str:
+    """The ``.env`` of the eval run of one checkpoint: the train run's own settings where an eval run has them (its
+    agent, sandbox, cluster and model-serving keys), the checkpoint as MODEL_PATH, EVAL_DATASET as DATASET_PATH.
+    Secrets are not copied (they never travel on the bus)."""
+    eval_keys = set(keys_for("eval"))
+    lines = [f"# The eval run of checkpoint step {step} of train run {parent.exp_name}, written by the launcher."]
+    for key, row in sorted(parent.resolved.items()):
+        if key in OWN_KEYS or key not in eval_keys or row.get("layer") == "default" or is_secret("eval", key):
+            continue
+        value = row.get("value")
+        if value is not None:
+            lines.append(f"{key}={quote(value)}")
+    own = {
+        "RUN_TYPE": "eval",
+        "EXP_NAME": f"{config.exp_name}-eval-step{step}",
+        "MODEL_PATH": checkpoint,
+        "DATASET_PATH": str(config.eval_dataset),
+        "N_TRIALS": str(config.eval_n_trials),
+        "EVAL_TEMPERATURE": str(config.eval_temperature),
+        "N_CONCURRENT": str(config.agent_num_workers),
+        "VLLM_READY_TIMEOUT": str(config.vllm_ready_timeout),
+        "PARENT_RUN": parent_run,
+        "CHECKPOINT_STEP": str(step),
+    }
+    lines += [f"{k}={quote(v)}" for k, v in own.items()]
+    return "\n".join(lines) + "\n"
+
+
+class Evals:
+    """The launcher's part: see the module docstring."""
+
+    def __init__(self, books: Books, store: EvalStore) -> None:
+        self.books = books
+        self.store = store
+
+    async def on_checkpoint(self, event: Event) -> None:
+        data = event.data
+        assert isinstance(data, CheckpointSaved)
+        try:
+            submitted, config = await self.books.submitted_config(event.team, event.runid)
+        except RunctlError:
+            return  # not a run the launcher carries (a foreground run's checkpoints get no evals)
+        if not isinstance(config, TrainConfig) or not config.eval_on_checkpoint or data.synthetic:
+            return
+        entry = EvalEntry(event.runid, event.team, data.step, data.path, eval_run_id(event.runid, data.step))
+        if await self.store.create(entry):
+            log.info("%s: checkpoint of step %d queued for its eval run %s", event.runid, data.step, entry.eval_run)
+        await self.dispatch()
+
+    async def on_end(self, event: Event) -> None:
+        """An eval run ended: its checkpoint is unpinned (and may be pruned), and the next queued eval goes."""
+        for entry in await self.store.entries():
+            if entry.eval_run == event.runid and entry.state != "ended":
+                entry.state, entry.outcome = "ended", event.name
+                await self.store.put(entry)
+                await self.prune(entry)
+        await self.dispatch()
+
+    async def dispatch(self) -> None:
+        entries = await self.store.entries()
+        room = cap() - sum(1 for e in entries if e.state == "submitted")
+        for entry in [e for e in entries if e.state == "queued"][: max(0, room)]:
+            await self.submit(entry)
+
+    async def submit(self, entry: EvalEntry) -> None:
+        """Publish the eval run's submission (once: it is looked up first) and ``eval.requested``."""
+        if not await self._submitted(entry):
+            submitted, config = await self.books.submitted_config(entry.team, entry.parent)
+            assert isinstance(config, TrainConfig)
+            folder = run_dir_for(entry.team, entry.parent, config) / "evals"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"step_{entry.step}.env"
+            path.write_text(eval_config_text(submitted, entry.parent, config, entry.step, entry.checkpoint))
+            try:
+                resolved = load_config(path)
+            except ConfigError as e:
+                log.error("%s: the eval run of step %d cannot be made: %s", entry.parent, entry.step, e)
+                entry.state, entry.outcome = "ended", "config.invalid"
+                await self.store.put(entry)
+                return
+            await self.books.bus.publish(submission_event(resolved, via="launcher", run_id=entry.eval_run))
+        requested = EvalRequested(parent_run=entry.parent, checkpoint_step=entry.step, eval_run_id=entry.eval_run)
+        await self.books.publish(requested, entry.team, entry.parent, f"eval.{entry.step}")
+        entry.state = "submitted"
+        await self.store.put(entry)
+
+    async def _submitted(self, entry: EvalEntry) -> bool:
+        subject = event_subject(entry.team, entry.eval_run, ConfigSubmitted.event_name)
+        try:
+            await self.books.bus.js.get_last_msg(RUNS_STREAM, subject)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
+    async def prune(self, entry: EvalEntry) -> None:
+        try:
+            _, config = await self.books.submitted_config(entry.team, entry.parent)
+        except RunctlError:
+            return
+        if isinstance(config, TrainConfig) and config.max_ckpt_to_keep is not None:
+            run_dir = run_dir_for(entry.team, entry.parent, config)
+            pinned = await self.store.pinned(entry.parent)
+            deleted = checkpoints.prune(Path(run_dir), config.max_ckpt_to_keep, pinned)
+            if deleted:
+                log.info("%s: MAX_CKPT_TO_KEEP: deleted checkpoints of steps %s", entry.parent, deleted)
