@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from runctl.config import TrainConfig
 from services.launcher.trainer.samples import Sample
-from services.launcher.trainer.settings import grpo_kwargs
+from services.launcher.trainer.settings import grpo_kwargs, task_order
 
 log = logging.getLogger(__name__)
 REWARD_FIELD = "runctl_reward"
@@ -35,20 +34,6 @@ class Hooks(Protocol):
     def after_step(self, step: int, point: Path, logs: dict[str, float], final: bool) -> bool:
         """Called once TRL has written the step's resume point ``point``; returns True to stop training."""
         ...
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How many steps the run makes: TOTAL_TRAINING_STEPS when set (the data is then gone through as often as it
-    takes), else TOTAL_EPOCHS passes of the tasks in batches of TRAIN_BSZ (a last, partial batch is dropped)."""
-
-    steps_per_epoch: int
-    total_steps: int
-
-
-def plan(config: TrainConfig, num_tasks: int) -> Plan:
-    per_epoch = num_tasks // config.train_bsz
-    return Plan(per_epoch, config.total_training_steps or per_epoch * config.total_epochs)
 
 
 def _reward(prompts: list[Any], completions: list[Any], **fields: Any) -> list[float | None]:
@@ -65,20 +50,20 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.utils import logging as hf_logging
     from trl.trainer.grpo_config import GRPOConfig
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     torch.manual_seed(0)
+    hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(config.model_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
     pad_id = int(tokenizer.pad_token_id)
-    steps = plan(config, len(task_ids))
-    kwargs = grpo_kwargs(config, str(output_dir))
-    kwargs["max_steps"] = steps.total_steps
-    args = GRPOConfig(**kwargs)
-    dataset = Dataset.from_list([{"prompt": task_id} for task_id in task_ids])
+    args = GRPOConfig(**grpo_kwargs(config, str(output_dir), len(task_ids)))
+    dataset = Dataset.from_list([{"prompt": task_id} for task_id in task_order(config, task_ids)])
     current: dict[str, Any] = {}
 
     def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
@@ -116,4 +101,7 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
         rollout_func=rollout,
         callbacks=[StepHooks()],
     )
+    # The run's events carry the figures: no log lines or progress bars on the runner's output.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)

@@ -6,6 +6,7 @@ on all of them at once (``per_device_train_batch_size = TRAIN_BSZ × N_RESP``, `
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +48,42 @@ def kl_coef(config: TrainConfig) -> float:
     return config.kl_loss_coef if config.use_kl_loss else 0.0
 
 
-def grpo_kwargs(config: TrainConfig, output_dir: str, seed: int = 0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Plan:
+    """How many steps the run makes: TOTAL_TRAINING_STEPS when set (the data is then gone through as often as it
+    takes), else TOTAL_EPOCHS passes of the tasks in batches of TRAIN_BSZ (a last, partial batch is dropped)."""
+
+    steps_per_epoch: int
+    total_steps: int
+
+
+def plan(config: TrainConfig, num_tasks: int) -> Plan:
+    per_epoch = num_tasks // config.train_bsz
+    return Plan(per_epoch, config.total_training_steps or per_epoch * config.total_epochs)
+
+
+def task_order(config: TrainConfig, task_ids: list[str], seed: int = 0) -> list[str]:
+    """Every step's tasks, in order, for the whole run: each epoch a fresh shuffle (seeded by the epoch), its last
+    partial batch dropped. runctl fixes the order itself rather than leave it to TRL's sampler, whose generator a
+    resumed trainer does not restore, so a run resumed in a later epoch would see another order."""
+    steps = plan(config, len(task_ids))
+    if steps.steps_per_epoch == 0:
+        return []
+    order: list[str] = []
+    epoch = 0
+    while len(order) < steps.total_steps * config.train_bsz:
+        shuffled = list(task_ids)
+        random.Random(f"{seed}:{epoch}").shuffle(shuffled)
+        order += shuffled[: steps.steps_per_epoch * config.train_bsz]
+        epoch += 1
+    return order[: steps.total_steps * config.train_bsz]
+
+
+def grpo_kwargs(config: TrainConfig, output_dir: str, num_tasks: int, seed: int = 0) -> dict[str, Any]:
     """The ``GRPOConfig`` arguments for a train run. Checkpoints are written every step (the resume point: a run
     loses at most the step in flight); which of them become published checkpoints is runctl's choice
-    (``checkpoints.py``)."""
+    (``checkpoints.py``). The data is one unshuffled pass over :func:`task_order`, so a resumed trainer skips
+    exactly the steps it made."""
     low, high = clip_range(config)
     shape = step_shape(config)
     kwargs: dict[str, Any] = {
@@ -75,15 +108,15 @@ def grpo_kwargs(config: TrainConfig, output_dir: str, seed: int = 0) -> dict[str
         "entropy_coef": config.entropy_coeff,
         "temperature": config.temperature,
         "max_completion_length": config.max_resp,
-        "num_train_epochs": config.total_epochs,
-        "max_steps": config.total_training_steps or -1,
+        "num_train_epochs": 1,
+        "max_steps": plan(config, num_tasks).total_steps,
         "logging_steps": 1,
         "save_strategy": "steps",
         "save_steps": 1,
         "save_only_model": False,
         "report_to": [],
         "disable_tqdm": True,
-        "shuffle_dataset": True,
+        "shuffle_dataset": False,
         "dataloader_num_workers": 0,
         "remove_unused_columns": False,
     }
