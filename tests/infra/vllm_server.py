@@ -82,12 +82,12 @@ def healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def vllm_server(model: Path, port: int | None = None) -> Iterator[VLLMServer]:
+def vllm_server(model: Path, port: int | None = None, extra_env: dict[str, str] | None = None) -> Iterator[VLLMServer]:
     port = port or free_port()
     # A private temporary folder, removed at the end: vLLM leaves its ZeroMQ sockets in it.
     private_tmp = tempfile.TemporaryDirectory(prefix="vllm-")
     log = open(Path(private_tmp.name) / "server.log", "wb")  # noqa: SIM115
-    env = {**os.environ, **vllm_env(), "TMPDIR": private_tmp.name}
+    env = {**os.environ, **vllm_env(), "TMPDIR": private_tmp.name, **(extra_env or {})}
     proc = subprocess.Popen(
         vllm_argv(model, port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
