@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
-from runctl.config.models import RunConfig
+from runctl.config.models import RunConfig, TrainConfig
 
 #: vLLM tool-call parsers that read the tool-call format each model family was trained on (``model_type``).
 PARSERS_BY_FAMILY: dict[str, frozenset[str]] = {
@@ -122,8 +122,8 @@ def _agent_scaffold(c: RunConfig) -> bool:
     return c.scaffold in ("ohsdk", "oh", "cc", "oc")
 
 
-def _local_train(c: RunConfig) -> bool:
-    return c.engine == "local" and c.run_type == "train"
+def _local_train(c: RunConfig) -> TypeGuard[TrainConfig]:
+    return isinstance(c, TrainConfig) and c.engine == "local"
 
 
 def _set(c: RunConfig, *names: str) -> bool:
@@ -135,37 +135,33 @@ _TRL = "ENGINE=local trains with TRL's GRPOTrainer on one machine"
 LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
     NotBuilt(
         "TRAINING_MODE",
-        lambda c: _local_train(c) and getattr(c, "training_mode", "sync") == "async",
+        lambda c: _local_train(c) and c.training_mode == "async",
         f"{_TRL}, rollout and update taking turns; the fully async mode is verl's",
         "TRAINING_MODE=sync (the default), or ENGINE=verl",
     ),
     NotBuilt(
         "ADV_ESTIMATOR",
-        lambda c: _local_train(c) and getattr(c, "adv_estimator", "grpo") != "grpo",
+        lambda c: _local_train(c) and c.adv_estimator != "grpo",
         f"{_TRL}: GRPO's group-normalised advantages are the only estimator it has",
         "ADV_ESTIMATOR=grpo, or ENGINE=verl",
     ),
     NotBuilt(
         "POLICY_LOSS_MODE",
-        lambda c: _local_train(c) and getattr(c, "policy_loss_mode", "gspo") not in ("vanilla", "gspo"),
+        lambda c: _local_train(c) and c.policy_loss_mode not in ("vanilla", "gspo"),
         f"{_TRL}: it clips the token-level ratio (vanilla) or the sequence-level one (gspo); the other losses are "
         "verl's",
         "POLICY_LOSS_MODE=vanilla or gspo, or ENGINE=verl",
     ),
     NotBuilt(
         "ROLLOUT_IS",
-        lambda c: _local_train(c) and getattr(c, "rollout_is", None) is not None,
+        lambda c: _local_train(c) and c.rollout_is is not None,
         f"{_TRL}; its rollout importance-sampling correction works only with TRL's own vLLM client, which cannot "
         "sync weights on CPU",
         "leave ROLLOUT_IS unset (the update is on-policy: one update per rollout)",
     ),
     NotBuilt(
         "TRAIN_MINI_BSZ",
-        lambda c: (
-            _local_train(c)
-            and _set(c, "train_mini_bsz")
-            and getattr(c, "train_mini_bsz", 0) != getattr(c, "train_bsz", 0)
-        ),
+        lambda c: _local_train(c) and _set(c, "train_mini_bsz") and c.train_mini_bsz != c.train_bsz,
         f"{_TRL}, one update per step on the whole batch (mini-batches are verl's)",
         "remove TRAIN_MINI_BSZ (or set it to TRAIN_BSZ)",
     ),

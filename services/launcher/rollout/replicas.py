@@ -56,7 +56,7 @@ def vllm_argv(config: RunConfig, python: str, host: str, port: int) -> list[str]
             argv += ["--dtype", "float32"]
     else:
         argv += ["--tensor-parallel-size", str(config.gen_tp)]
-        share = getattr(config, "gpu_mem_util", None)
+        share = config.gpu_mem_util if isinstance(config, TrainConfig) else None
         if share:
             argv += ["--gpu-memory-utilization", str(share)]
     return argv

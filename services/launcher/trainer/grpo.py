@@ -56,7 +56,7 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     torch.manual_seed(0)
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     tokenizer = AutoTokenizer.from_pretrained(config.model_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -35,7 +35,7 @@ from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import TrialLoop
 from services.launcher.trainer import checkpoints, grpo
 from services.launcher.trainer.samples import Filters, Sample, balance_filtered, sample_of
-from services.launcher.trainer.settings import kl_coef
+from services.launcher.trainer.settings import Plan, kl_coef, plan
 from services.launcher.weights.base import WeightSync
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,8 @@ class TrainLoop:
         return self.ctx.run_dir
 
     @property
-    def plan(self) -> grpo.Plan:
-        return grpo.plan(self.config, len(self.tasks))
+    def plan(self) -> Plan:
+        return plan(self.config, len(self.tasks))
 
     # ------------------------------------------------------------------------------------------------ the run
     async def run(self) -> dict[str, Any]:
