@@ -2,10 +2,10 @@
 one eval run of that checkpoint on ``EVAL_DATASET``, submitted through the normal path (``config.submitted`` →
 the validator → ``config.validated`` → admission), and ``eval.requested`` links the two.
 
-Exactly once per checkpoint: the eval run's id is derived from the parent and the step
-(``<parent>-eval-s<step>``), and its entry in the ``runctl_evals`` KV bucket is *created* (a second create fails),
-so a redelivered event, a duplicate ``checkpoint.saved`` and a restarted launcher all find it there. The
-submission itself is looked up before it is published.
+The base model is scored too, as step 0, when the train run is admitted. Exactly once per checkpoint: the eval
+run's id is derived from the parent and the step (``<parent>-eval-s<step>``), and its entry in the ``runctl_evals``
+KV bucket is *created* (a second create fails), so a redelivered event, a duplicate ``checkpoint.saved`` and a
+restarted launcher all find it there. The submission itself is looked up before it is published.
 
 At most ``RUNCTL_MAX_EVALS_IN_FLIGHT`` eval runs (a site setting, default 2) are in flight at once across the
 stack; the others wait, queued in step order, and are submitted as earlier ones end. Eval runs of a cancelled
@@ -148,6 +148,16 @@ class Evals:
     def __init__(self, books: Books, store: EvalStore) -> None:
         self.books = books
         self.store = store
+
+    async def on_admitted(self, team: str, run_id: str, config: TrainConfig) -> None:
+        """A train run with EVAL_ON_CHECKPOINT=1 was admitted: its base model is scored as step 0, so that the first
+        point of its eval curve is where training started."""
+        if not config.eval_on_checkpoint or config.engine == "fake":
+            return
+        entry = EvalEntry(run_id, team, 0, str(config.model_path), eval_run_id(run_id, 0))
+        if await self.store.create(entry):
+            log.info("%s: its base model queued for an eval run (%s)", run_id, entry.eval_run)
+        await self.dispatch()
 
     async def on_checkpoint(self, event: Event) -> None:
         data = event.data

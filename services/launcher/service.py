@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runctl.bus import Bus, ConsumerSpec, each_event
-from runctl.config.models import RunConfig
+from runctl.config.models import RunConfig, TrainConfig
 from runctl.errors import ConfigError, EventError
 from runctl.events import (
     CancelRequested,
@@ -121,6 +121,8 @@ class Launcher:
         )
         await books.record(run_id, LedgerEntry(team=team, state="active"))
         self.start(team, run_id, config, {})
+        if self.evals is not None and isinstance(config, TrainConfig):
+            await self.evals.on_admitted(team, run_id, config)
 
     def start(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
         self.cancels[run_id] = asyncio.Event()
