@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,8 +32,9 @@ class Hooks(Protocol):
         """The samples of one step, in the order of ``task_ids`` (each task repeated ``N_RESP`` times)."""
         ...
 
-    def after_step(self, step: int, point: Path, logs: dict[str, float], final: bool) -> bool:
-        """Called once TRL has written the step's resume point ``point``; returns True to stop training."""
+    def after_step(self, step: int, point: Path, logs: dict[str, float], final: bool, updated_at: float) -> bool:
+        """Called once TRL has written the step's resume point ``point`` (``updated_at``: the monotonic time its
+        optimizer step ended, before TRL saved); returns True to stop training."""
         ...
 
 
@@ -81,6 +83,10 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
     class StepHooks(TrainerCallback):
         def __init__(self) -> None:
             self.logs: dict[str, float] = {}
+            self.updated_at = time.monotonic()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.updated_at = time.monotonic()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             if logs and "loss" in logs:
@@ -89,7 +95,7 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             step = int(state.global_step)
             point = output_dir / f"checkpoint-{step}"
-            if hooks.after_step(step, point, dict(self.logs), final=step >= state.max_steps):
+            if hooks.after_step(step, point, dict(self.logs), step >= state.max_steps, self.updated_at):
                 control.should_training_stop = True
 
     trainer = GRPOTrainer(

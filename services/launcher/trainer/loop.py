@@ -159,8 +159,8 @@ class TrainLoop:
     def rollout(self, step: int, task_ids: list[str]) -> list[Sample]:
         return asyncio.run_coroutine_threadsafe(self.rollout_step(step, task_ids), self.loop).result()
 
-    def after_step(self, step: int, point: Path, logs: dict[str, float], final: bool) -> bool:
-        future = asyncio.run_coroutine_threadsafe(self.finish_step(step, point, logs, final), self.loop)
+    def after_step(self, step: int, point: Path, logs: dict[str, float], final: bool, updated_at: float) -> bool:
+        future = asyncio.run_coroutine_threadsafe(self.finish_step(step, point, logs, final, updated_at), self.loop)
         return future.result()
 
     # ------------------------------------------------------------------------------------ steps (event loop)
@@ -197,19 +197,27 @@ class TrainLoop:
         self.timings[step] = {"gen": time.monotonic() - started}
         return samples
 
-    async def finish_step(self, step: int, point: Path, logs: dict[str, float], final: bool) -> bool:
+    async def finish_step(self, step: int, point: Path, logs: dict[str, float], final: bool, updated_at: float) -> bool:
+        """After TRL's update and save: sync, record, announce. The step's timings split its wall time into the
+        rollout (``gen``), the update, the resume point TRL wrote and the published checkpoint (``save_checkpoint``),
+        and the sync; ``step`` is the whole, from the rollout's start to the end of the announcement."""
         timings = self.timings.pop(step, {})
         samples = self.samples.pop(step, [])
         began = self.step_started.pop(step, time.monotonic())
-        update_done = time.monotonic()
-        timings["update_actor"] = max(0.0, update_done - began - timings.get("gen", 0.0))
+        saved_at = time.monotonic()
+        timings["update_actor"] = max(0.0, updated_at - began - timings.get("gen", 0.0))
         report = await self.sync.sync(point, step)
         timings["sync_weights"] = report.seconds
-        restarts = getattr(self.sync, "restarts", 0)
+        publish = final or (self.config.save_freq > 0 and step % self.config.save_freq == 0)
+        if publish:
+            started = time.monotonic()
+            await asyncio.to_thread(checkpoints.publish, self.run_dir, point, step)
+            timings["save_checkpoint"] = saved_at - updated_at + time.monotonic() - started
+        else:
+            timings["save_checkpoint"] = saved_at - updated_at  # the resume point only
         timings["step"] = time.monotonic() - began
         metrics = step_metrics(samples, logs, timings, kl_coef(self.config))
-        metrics["perf/weight_sync_restarts"] = float(restarts)
-        publish = final or (self.config.save_freq > 0 and step % self.config.save_freq == 0)
+        metrics["perf/weight_sync_restarts"] = float(getattr(self.sync, "restarts", 0))
         record = {"step": step, "metrics": metrics, "publish_checkpoint": publish, "final": final}
         temp = point / (STEP_RECORD + ".tmp")
         temp.write_text(json.dumps(record, indent=2))
