@@ -143,6 +143,7 @@ class LocalEngine:
                 sync = self.weight_sync(config, started, proxy, namespace, ctx.run_dir / "logs")
                 train = TrainLoop(ctx, config, tasks, step_trials, sync, ctx.pinned_checkpoints, pad_id(config))
                 await ctx.enter_phase("loop", total=train.plan.total_steps)
+                ctx.progress_hook(ctx.num_trials, train.plan.total_steps * config.train_bsz * config.n_resp)
                 try:
                     last = await train.run()
                 finally:
