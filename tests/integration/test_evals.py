@@ -1,0 +1,106 @@
+"""Evaluation on every checkpoint, against a real nats-server: each checkpoint gets exactly one eval run, however
+often its event comes and whichever launcher hears it; the cap queues the rest; the base model is step 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runctl.bus import Bus
+from runctl.config import load_config
+from runctl.events import CheckpointSaved, ConfigSubmitted, EvalRequested, RunSucceeded, new_event, parse_event
+from runctl.events.payloads import RUNS_STREAM
+from runctl.sdk import submission_event
+from runctl.subjects import run_filter
+from services.launcher.carry.books import Books
+from services.launcher.evals import Evals, EvalStore, eval_run_id
+from services.launcher.ledger import Ledger
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+PARENT = "train-evals-20261201-0000000000000001"
+
+
+async def submitted_parent(bus: Bus, tmp_path: Path, **values: Any) -> None:
+    settings = {
+        "RUN_TYPE": "train", "TEAM": "demo", "ENGINE": "local", "PROJECT_NAME": "p", "EXP_NAME": "train-evals",
+        "MODEL_PATH": str(tmp_path / "base"), "TRAIN_FILES": str(ROOT / "examples" / "tasks"),
+        "NGPUS_PER_NODE": "0", "GEN_TP": "1", "EVAL_ON_CHECKPOINT": "1",
+        "EVAL_DATASET": str(ROOT / "examples" / "tasks-heldout"), "OUTPUT_DIR": str(tmp_path / "run"), **values,
+    }  # fmt: skip
+    path = tmp_path / "train.env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    await bus.ensure_streams()
+    await bus.publish(submission_event(load_config(path, environ={}), via="cli", run_id=PARENT))
+
+
+def checkpoint(step: int) -> Any:
+    saved = CheckpointSaved(step=step, path=f"/ckpt/global_step_{step}/huggingface", format="hf", num_bytes=1)
+    return new_event(saved, team="demo", run_id=PARENT, source="/test", event_id=f"{PARENT}.checkpoint.{step}")
+
+
+async def run_events(bus: Bus, run_id: str) -> list[Any]:
+    found = []
+    sub = await bus.js.subscribe(run_filter(run_id), stream=RUNS_STREAM, ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1.0)
+            except TimeoutError:
+                return found
+            found.append(parse_event(msg.data))
+    finally:
+        await sub.unsubscribe()
+
+
+async def launcher_evals(bus: Bus) -> Evals:
+    return Evals(Books(bus, await Ledger.open(bus), "/runctl/launcher"), await EvalStore.open(bus))
+
+
+async def test_a_checkpoint_gets_one_eval_run_however_often_its_event_comes(bus: Bus, tmp_path: Path) -> None:
+    await submitted_parent(bus, tmp_path)
+    evals = await launcher_evals(bus)
+    await evals.on_checkpoint(checkpoint(2))
+    await evals.on_checkpoint(checkpoint(2))  # redelivered
+    await (await launcher_evals(bus)).on_checkpoint(checkpoint(2))  # a restarted launcher hears it again
+    child = eval_run_id(PARENT, 2)
+    submissions = [e for e in await run_events(bus, child) if isinstance(e.data, ConfigSubmitted)]
+    assert len(submissions) == 1 and submissions[0].data.via == "launcher"
+    values = {k: v["value"] for k, v in submissions[0].data.resolved.items()}
+    assert values["RUN_TYPE"] == "eval" and values["MODEL_PATH"] == "/ckpt/global_step_2/huggingface"
+    assert values["PARENT_RUN"] == PARENT and values["CHECKPOINT_STEP"] == "2"
+    assert values["DATASET_PATH"] == str(ROOT / "examples" / "tasks-heldout")
+    requested = [e.data for e in await run_events(bus, PARENT) if isinstance(e.data, EvalRequested)]
+    assert [(r.checkpoint_step, r.eval_run_id) for r in requested] == [(2, child)]
+    assert (tmp_path / "run" / "evals" / "step_2.env").is_file()
+
+
+async def test_the_cap_queues_evals_until_one_ends_and_the_base_model_is_step_0(
+    bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNCTL_MAX_EVALS_IN_FLIGHT", "1")
+    await submitted_parent(bus, tmp_path)
+    evals = await launcher_evals(bus)
+    _, config = await evals.books.submitted_config("demo", PARENT)
+    await evals.on_admitted("demo", PARENT, config)  # type: ignore[arg-type]
+    await evals.on_checkpoint(checkpoint(3))
+    await evals.on_checkpoint(checkpoint(6))
+    states = {e.step: e.state for e in await evals.store.entries(PARENT)}
+    assert states == {0: "submitted", 3: "queued", 6: "queued"}
+    assert await evals.store.pinned(PARENT) == {0, 3, 6}
+    first_end = new_event(RunSucceeded(score=0.5), team="demo", run_id=eval_run_id(PARENT, 0), source="/test")
+    await evals.on_end(first_end)
+    states = {e.step: e.state for e in await evals.store.entries(PARENT)}
+    assert states == {0: "ended", 3: "submitted", 6: "queued"}
+    assert await evals.store.pinned(PARENT) == {3, 6}
+    submitted = [e for e in await run_events(bus, eval_run_id(PARENT, 0)) if isinstance(e.data, ConfigSubmitted)]
+    assert {k: v["value"] for k, v in submitted[0].data.resolved.items()}["MODEL_PATH"] == str(tmp_path / "base")
+
+
+async def test_a_train_run_without_eval_on_checkpoint_gets_none(bus: Bus, tmp_path: Path) -> None:
+    await submitted_parent(bus, tmp_path, EVAL_ON_CHECKPOINT="0")
+    evals = await launcher_evals(bus)
+    await evals.on_checkpoint(checkpoint(2))
+    assert await evals.store.entries(PARENT) == []
