@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from runctl.cli.render import event_line
+from runctl.config import TrainConfig
 from runctl.events import ConfigValidated, Event, PhaseStarted, RunFailed, RunSucceeded, TrialFinished
 
 if TYPE_CHECKING:
@@ -90,6 +91,13 @@ async def run_with_progress(
         progress.update(bar, total=total, completed=done)
 
     bus, why_not = await stack_bus()
+    if bus is None and isinstance(config, TrainConfig) and config.eval_on_checkpoint:
+        from runctl.errors import StackError
+
+        raise StackError(
+            f"EVAL_ON_CHECKPOINT=1: the stack's launcher submits the eval run of each checkpoint, and {why_not}, so "
+            "no checkpoint of this run would be scored. Fix: `runctl up` first, or set EVAL_ON_CHECKPOINT=0."
+        )
     mirror = BusMirror(bus) if bus is not None else None
     opening = [submission_event(resolved, via="foreground", run_id=run_id).data, ConfigValidated(checks=checks)]
     console.print(f"run [bold]{run_id}[/] ({config.run_type}, ENGINE={config.engine})")

@@ -163,9 +163,10 @@ class Evals:
         data = event.data
         assert isinstance(data, CheckpointSaved)
         try:
-            submitted, config = await self.books.submitted_config(event.team, event.runid)
+            # A run `runctl run` carries on the stack's bus gets its evals too.
+            submitted, config = await self.books.submitted_config(event.team, event.runid, foreground_too=True)
         except RunctlError:
-            return  # not a run the launcher carries (a foreground run's checkpoints get no evals)
+            return  # no submission to read (or one that no longer validates): nothing to evaluate
         if not isinstance(config, TrainConfig) or not config.eval_on_checkpoint or data.synthetic:
             return
         entry = EvalEntry(event.runid, event.team, data.step, data.path, eval_run_id(event.runid, data.step))
@@ -191,7 +192,7 @@ class Evals:
     async def submit(self, entry: EvalEntry) -> None:
         """Publish the eval run's submission (once: it is looked up first) and ``eval.requested``."""
         if not await self._submitted(entry):
-            submitted, config = await self.books.submitted_config(entry.team, entry.parent)
+            submitted, config = await self.books.submitted_config(entry.team, entry.parent, foreground_too=True)
             assert isinstance(config, TrainConfig)
             folder = run_dir_for(entry.team, entry.parent, config) / "evals"
             folder.mkdir(parents=True, exist_ok=True)
@@ -220,7 +221,7 @@ class Evals:
 
     async def prune(self, entry: EvalEntry) -> None:
         try:
-            _, config = await self.books.submitted_config(entry.team, entry.parent)
+            _, config = await self.books.submitted_config(entry.team, entry.parent, foreground_too=True)
         except RunctlError:
             return
         if isinstance(config, TrainConfig) and config.max_ckpt_to_keep is not None:

@@ -53,12 +53,14 @@ class Books:
     ) -> None:
         await self.end(team, run_id, failed(phase, error, num_trials, attempts))
 
-    async def submitted_config(self, team: str, run_id: str) -> tuple[ConfigSubmitted, RunConfig]:
+    async def submitted_config(
+        self, team: str, run_id: str, foreground_too: bool = False
+    ) -> tuple[ConfigSubmitted, RunConfig]:
         """The run's config, read back from its ``config.submitted`` event (the event log is the truth).
 
         Raises:
             LauncherError: the run has no ``config.submitted``.
-            ForegroundRun: ``runctl run`` carries the run in its own process.
+            ForegroundRun: ``runctl run`` carries the run in its own process (unless ``foreground_too``).
             ConfigError: the submitted settings no longer validate.
         """
         subject = event_subject(team, run_id, ConfigSubmitted.event_name)
@@ -73,7 +75,7 @@ class Books:
             ) from e
         submitted = parse_event(msg.data or b"").data
         assert isinstance(submitted, ConfigSubmitted)
-        if submitted.via == "foreground":
+        if submitted.via == "foreground" and not foreground_too:
             raise ForegroundRun(f"run {run_id} is carried by `runctl run` in its own process", run_id=run_id)
         values = {k: row.get("value") for k, row in submitted.resolved.items() if row.get("layer") != "default"}
         return submitted, validate_settings(submitted.run_type, values, source=run_id)
