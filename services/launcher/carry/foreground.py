@@ -19,12 +19,13 @@ import contextlib
 import json
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 
 from runctl.bus import Bus
 from runctl.config import RunConfig
@@ -108,6 +109,25 @@ class BusMirror:
         except nats.errors.Error as e:  # a user without the right to read it: Ctrl-C still cancels
             log.warning("cannot follow cancels of %s on the bus (%s): Ctrl-C cancels it here", run_id, e)
 
+    async def pinned(self, run_id: str) -> Callable[[], Awaitable[set[int]]]:
+        """Which checkpoints of the run the stack's eval runs still read (MAX_CKPT_TO_KEEP spares them)."""
+        from services.launcher.evals import EvalStore
+
+        try:
+            store = await EvalStore.open(self.bus)
+        except (nats.errors.Error, nats.js.errors.Error) as e:
+            log.warning("cannot read the stack's evals (%s): MAX_CKPT_TO_KEEP spares no checkpoint for them", e)
+
+            async def none() -> set[int]:
+                return set()
+
+            return none
+
+        async def pinned() -> set[int]:
+            return await store.pinned(run_id)
+
+        return pinned
+
     async def close(self) -> None:
         if self._cancel_sub is not None:
             with contextlib.suppress(nats.errors.Error):
@@ -167,6 +187,7 @@ async def run_foreground(
     try:
         if mirror is not None:
             await mirror.watch_cancels(team, run_id, cancelled, requested_by)
+            ctx.pinned_checkpoints = await mirror.pinned(run_id)
         end = await carry_to_end(ctx, lambda: requested_by[-1] if requested_by else "signal")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
