@@ -222,7 +222,9 @@ async def vllm_bench(args: argparse.Namespace) -> dict[str, float]:
     from tests.infra.vllm_server import vllm_argv, vllm_env
 
     with (
-        process(vllm_argv(args.vllm, up_port), up_port, 300, {**env, **vllm_env()}),
+        # A private TMPDIR, removed afterwards: vLLM leaves its ZeroMQ sockets in the temporary folder.
+        tempfile.TemporaryDirectory(prefix="bench-vllm-") as private_tmp,
+        process(vllm_argv(args.vllm, up_port), up_port, 300, {**env, **vllm_env(), "TMPDIR": private_tmp}),
         process(proxy_argv(f"http://127.0.0.1:{up_port}", proxy_port), proxy_port, 30, env),
     ):
         prefix = await open_session(proxy_port, token)
