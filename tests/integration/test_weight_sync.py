@@ -25,7 +25,7 @@ PROMPT = "<|im_start|>user\nWrite done into answer.txt.<|im_end|>\n<|im_start|>a
 def served(url: str, prompt_ids: list[int], tokens: int = 6) -> tuple[list[int], list[float]]:
     """A greedy completion from the server: its token ids and their logprobs."""
     body = {"model": vllm_infra.SERVED_NAME, "prompt": prompt_ids, "max_tokens": tokens, "temperature": 0,
-            "logprobs": 0, "return_token_ids": True, "seed": 0}  # fmt: skip
+            "logprobs": 0, "return_token_ids": True, "seed": 0, "ignore_eos": True}  # fmt: skip
     choice = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
     return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
