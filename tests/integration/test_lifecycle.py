@@ -214,7 +214,7 @@ def test_a_bad_config_is_rejected_by_the_validator_service(services: Services, t
     assert "run.admitted" not in [e["name"] for e in record["events"]]
 
 
-def test_a_train_run_the_local_engine_cannot_carry_is_rejected_before_it_starts(
+def test_a_train_run_asking_what_the_local_trainer_cannot_do_is_rejected_before_it_starts(
     services: Services, tmp_path: Path
 ) -> None:
     start_core(services)
@@ -226,12 +226,15 @@ def test_a_train_run_the_local_engine_cannot_carry_is_rejected_before_it_starts(
         TRAIN_FILES=str(data / "tasks"),
         MAX_PROMPT="256",
         MAX_RESP="256",
+        TRAINING_MODE="async",
     )
+    config.write_text("".join(line + "\n" for line in config.read_text().splitlines() if not line.startswith("FAKE_")))
     run_id = submit(services, config)
     record = wait_for_state(services, run_id, "rejected")
-    (refused,) = [c for c in record["run"]["error"]["checks"] if c["severity"] == "fatal"]
-    assert refused["id"] == "engine.not_built" and "its trainer (GRPO on CPU) is not built yet" in refused["message"]
-    assert "ENGINE=fake" in refused["fix"]
+    fatal = [c for c in record["run"]["error"]["checks"] if c["severity"] == "fatal"]
+    refused = next(c for c in fatal if c["id"] == "engine.not_built")
+    assert "TRAINING_MODE=async" in refused["message"], fatal
+    assert "the fully async mode is verl's" in refused["message"] and "TRAINING_MODE=sync" in refused["fix"]
     assert "run.admitted" not in [e["name"] for e in record["events"]]
 
 
