@@ -201,11 +201,13 @@ def test_every_template_key_is_honoured_or_refused(run_type: str) -> None:
     assert unclassified == [], f"say where these are read, or refuse them: {unclassified}"
 
 
-@pytest.mark.parametrize("key", sorted(HONOURED))
-def test_an_honoured_key_is_read_where_the_table_says(key: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "modules"), [*sorted(HONOURED.items()), *sorted(HONOURED_TRAIN.items())], ids=lambda v: str(v)
+)
+def test_an_honoured_key_is_read_where_the_table_says(key: str, modules: tuple[str, ...]) -> None:
     field = key.lower()
-    readers = [m for m in HONOURED[key] if field in attributes_read(m)]
-    assert readers, f"{key}: none of {HONOURED[key]} reads .{field}"
+    readers = [m for m in modules if field in attributes_read(m)]
+    assert readers, f"{key}: none of {modules} reads .{field}"
 
 
 @pytest.mark.parametrize("key", sorted(REFUSED))
@@ -248,13 +250,6 @@ def test_every_train_template_key_is_honoured_or_refused_for_the_local_trainer()
     assert unclassified == [], f"say where these are read, or refuse them: {unclassified}"
 
 
-@pytest.mark.parametrize("key", sorted(HONOURED_TRAIN))
-def test_an_honoured_train_key_is_read_where_the_table_says(key: str) -> None:
-    field = key.lower()
-    readers = [m for m in HONOURED_TRAIN[key] if field in attributes_read(m)]
-    assert readers, f"{key}: none of {HONOURED_TRAIN[key]} reads .{field}"
-
-
 @pytest.mark.parametrize("key", sorted(REFUSED_TRAIN))
 def test_a_key_the_local_trainer_cannot_carry_out_is_refused_with_the_reason(key: str) -> None:
     value, says = REFUSED_TRAIN[key]
@@ -284,6 +279,6 @@ def test_a_refused_key_is_refused_before_launch_by_the_runner_too() -> None:
 
 
 def test_the_table_names_modules_that_exist() -> None:
-    for modules in HONOURED.values():
+    for modules in [*HONOURED.values(), *HONOURED_TRAIN.values()]:
         for module in modules:
             assert Path(ROOT / module).is_file(), module
