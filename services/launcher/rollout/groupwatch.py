@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+
+from runctl.home import group_members
 
 GRACE_S = 15.0
 PR_SET_PDEATHSIG = 1
@@ -35,16 +36,8 @@ PR_SET_PDEATHSIG = 1
 
 def others_in_group() -> list[int]:
     """Live processes of this process group other than this one (zombies do not count)."""
-    group, me, found = os.getpgrp(), os.getpid(), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        pid = int(stat.parent.name)
-        if pid != me and int(fields[2]) == group and fields[0] != "Z":
-            found.append(pid)
-    return found
+    me = os.getpid()
+    return [pid for pid in group_members(os.getpgrp()) if pid != me]
 
 
 def take_down_group(spare: int) -> None:
