@@ -29,17 +29,14 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from runctl.loopback import only_loopback  # noqa: E402
+
 TARGET_OVERHEAD = 0.05
 
 
-def in_loopback_netns() -> bool:
-    import socket
-
-    return [name for _, name in socket.if_nameindex()] == ["lo"]
-
-
 def reexec_in_loopback_netns() -> None:
-    if in_loopback_netns() or os.environ.get("RUNCTL_LOOPBACK_NETNS") or os.geteuid() != 0:
+    if only_loopback() or os.environ.get("RUNCTL_LOOPBACK_NETNS") or os.geteuid() != 0:
         return
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from runctl import loopback
 from runctl.errors import BusUnreachableError, StackError
 from runctl.home import (
     STATE_FILE,
@@ -80,6 +81,15 @@ def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def _wait_for_socket(path: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if Path(path).exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @dataclass
 class Child:
     """One supervised process."""
@@ -93,12 +103,17 @@ class Child:
     started_at: float = 0.0
     restart_at: float | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def start(self, env: dict[str, str]) -> None:
         if self.log_file is None:
             self.log_file = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.argv, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            self.argv,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**env, **self.extra_env},
         )
         self.started_at = time.monotonic()
         self.restart_at = None
@@ -137,6 +152,10 @@ class Supervisor:
         self.services = [
             Child(name, [sys.executable, "-m", f"services.{name}"], logs / f"{name}.log") for name in SERVICES
         ]
+        self.relays: list[Child] = []
+        self.bus_socket = ""
+        if loopback.launcher_isolated(dict(os.environ)):
+            self._isolate_launcher(logs)
         self.env = {
             **os.environ,
             "RUNCTL_HOME": str(base),
@@ -154,8 +173,21 @@ class Supervisor:
     def tracker_url(self) -> str:
         return f"http://127.0.0.1:{self.tracker_port}"
 
+    def _isolate_launcher(self, logs: Path) -> None:
+        """Run the launcher (and so every Ray head, vLLM replica and runner it starts) in a loopback-only network
+        namespace of its own, with the bus relayed in over a Unix socket (``runctl.loopback``)."""
+        socket_path = str(self.base / "bus.sock")
+        if len(socket_path) > 100:  # a Unix socket's path has at most 107 bytes
+            socket_path = f"/tmp/runctl-bus-{os.getpid()}.sock"
+        self.relays = [Child("bus-relay", loopback.host_argv(socket_path, self.nats_port), logs / "bus-relay.log")]
+        for child in self.services:
+            if child.name == "launcher":
+                child.argv = loopback.enter_argv(socket_path, self.nats_port, child.argv)
+                child.extra_env = {loopback.INSIDE_ENV: "1"}
+        self.bus_socket = socket_path
+
     def children(self) -> list[Child]:
-        return [self.nats, *self.services]
+        return [self.nats, *self.relays, *self.services]
 
     def write_state(self) -> None:
         me = ProcessRecord(os.getpid(), process_start_ticks(os.getpid()) or 0)
@@ -169,6 +201,15 @@ class Supervisor:
         if not wait_for_port(self.nats_port, 15):
             print(f"nats-server did not listen on port {self.nats_port}; see {self.nats.log_path}", flush=True)
             self.nats.stop(2)
+            return 1
+        if self.bus_socket:
+            Path(self.bus_socket).unlink(missing_ok=True)  # a socket left by a relay that was killed
+        for relay in self.relays:
+            relay.start(self.env)
+        if self.relays and not _wait_for_socket(self.bus_socket, 15):
+            print(f"the bus relay did not listen on {self.bus_socket}; see {self.relays[0].log_path}", flush=True)
+            for child in (*self.relays, self.nats):
+                child.stop(2)
             return 1
         for child in self.services:
             child.start(self.env)
@@ -213,6 +254,8 @@ class Supervisor:
                 child.proc.send_signal(signal.SIGTERM)
         for child in self.services:
             child.stop(STOP_GRACE_S)
+        for relay in self.relays:
+            relay.stop(STOP_GRACE_S)
         self.nats.stop(STOP_GRACE_S)
         (self.base / STATE_FILE).unlink(missing_ok=True)
 
@@ -236,6 +279,7 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
                 f"the previous stack's supervisor is gone but {', '.join(orphans)} still run. "
                 "Fix: `runctl down` stops exactly those processes; then `runctl up`."
             )
+    loopback.launcher_isolated(dict(os.environ))  # refuse a setting that cannot be honoured, here and not later
     for port, flag in ((nats_port, "--nats-port"), (tracker_port, "--tracker-port")):
         if not port_is_free(port):
             raise StackError(
@@ -372,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nats-port", type=int, default=DEFAULT_NATS_PORT)
     parser.add_argument("--tracker-port", type=int, default=DEFAULT_TRACKER_PORT)
     args = parser.parse_args(argv)
-    return Supervisor(args.home, args.nats_port, args.tracker_port).run()
+    try:
+        supervisor = Supervisor(args.home, args.nats_port, args.tracker_port)
+    except StackError as e:
+        print(f"StackError: {e.message}", flush=True)
+        return 1
+    return supervisor.run()
 
 
 if __name__ == "__main__":

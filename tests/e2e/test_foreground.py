@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from runctl.home import read_stack_state
 from tests.conftest import free_port, wait_until
 from tests.e2e.conftest import PREVIEW, RUNCTL, Cli
 
@@ -108,3 +109,45 @@ def test_a_run_in_a_loopback_only_namespace_reaches_the_stack_through_the_relay(
     assert "recorded by the tracker" in result.stdout.splitlines()[-1]
     assert json.loads(stack("show", run_id, "--json").stdout)["run"]["state"] == "succeeded"
     assert not Path(socket_path).exists()  # the host side removes its socket when it stops
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
+    reason="a network namespace of its own needs root, unshare and ip",
+)
+def test_the_stack_can_run_its_launcher_in_a_loopback_only_namespace_of_its_own(cli: Cli) -> None:
+    # On a machine with a routable interface (auto) the stack isolates its launcher; here, already inside the
+    # suite's loopback-only namespace, it is asked to (=1).
+    nats_port, tracker_port = free_port(), free_port()
+    env = {"RUNCTL_LAUNCHER_NETNS": "1"}
+    cli("up", "--nats-port", str(nats_port), "--tracker-port", str(tracker_port), **env)
+    try:
+        state = read_stack_state(cli.home)
+        assert state is not None and "bus-relay" in state.children
+        wrapper = state.children["launcher"].pid
+        (launcher,) = _children(wrapper)
+        assert "services.launcher" in Path(f"/proc/{launcher}/cmdline").read_text()
+        ours = os.readlink("/proc/self/ns/net")
+        assert os.readlink(f"/proc/{launcher}/ns/net") != ours  # a namespace of its own
+        assert os.readlink(f"/proc/{state.children['tracker'].pid}/ns/net") == ours  # the rest stays here
+        result = cli("submit", str(PREVIEW), "--watch", **env)  # admitted and carried by the isolated launcher
+        assert "run.succeeded" in result.stdout, result.stdout
+    finally:
+        cli("down", check=False)
+    assert not Path(f"/proc/{launcher}").exists() and not Path(f"/proc/{wrapper}").exists()
+    assert not (cli.home / "bus.sock").exists()
+
+
+def test_a_launcher_namespace_that_cannot_be_made_is_refused_by_runctl_up(cli: Cli) -> None:
+    result = cli("up", "--nats-port", str(free_port()), check=False, RUNCTL_LAUNCHER_NETNS="yes")
+    assert result.returncode == 1
+    assert "RUNCTL_LAUNCHER_NETNS='yes' is not 0, 1 or auto" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert read_stack_state(cli.home) is None
