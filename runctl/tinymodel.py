@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-VERSION = 3
+VERSION = 5
 STAMP = "runctl-tinymodel.json"
 VOCAB_SIZE = 2048
 SEED = 20261130
@@ -103,6 +103,12 @@ BASH_TOOL = {
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
     },
 }
+#: The system turn runctl's terminal agent sends (services/launcher/rollout/agents/terminal.py). The model is taught
+#: the example tasks under it too, so that it meets them in the context it will see.
+TERMINAL_SYSTEM_PROMPT = (
+    "You are an agent working in a Linux terminal. Run shell commands with the bash tool, one at a time, and read "
+    "their output. When the task is done, answer briefly without calling a tool."
+)
 COMMANDS = ("ls", "pwd", "cat instruction.md", "echo done", "ls -la /app", "cat /app/README.md")
 #: Instructions the model is taught a first command for, and the commands it learns to pick among (uniformly at
 #: temperature 1). The example tasks (``examples/tasks``) use these instructions, so their pass rates with this model
@@ -131,9 +137,11 @@ def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[s
         return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(low, high)))
 
     messages: list[dict[str, Any]] = []
-    if rng.random() < 0.5:
-        messages.append({"role": "system", "content": words(3, 10).capitalize() + "."})
     skill = rng.choice(list(SKILLS)) if rng.random() < 0.5 else None
+    if skill and rng.random() < 0.5:
+        messages.append({"role": "system", "content": TERMINAL_SYSTEM_PROMPT})
+    elif rng.random() < 0.5:
+        messages.append({"role": "system", "content": words(3, 10).capitalize() + "."})
     messages.append({"role": "user", "content": skill or words(2, 16)})
     if skill is None and rng.random() < 0.35:
         messages.append({"role": "assistant", "content": words(1, 6).capitalize() + "."})
@@ -150,9 +158,10 @@ def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[s
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         output = "" if skill and rng.random() < 0.5 else words(1, 12)
         messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": output})
-    messages.append(
-        {"role": "assistant", "content": rng.choice(["Done.", "The task is done.", words(1, 5).capitalize() + "."])}
-    )
+    # After a taught command the model always closes with "Done.", so the command is the only choice it makes on
+    # those tasks: the reward then speaks of that choice alone, and RL has one clear thing to learn.
+    closing = "Done." if skill else rng.choice(["Done.", "The task is done.", words(1, 5).capitalize() + "."])
+    messages.append({"role": "assistant", "content": closing})
     return messages, tools
 
 

@@ -23,14 +23,11 @@ from typing import Any
 import httpx
 
 from runctl.tasks import Task
-from runctl.tinymodel import BASH_TOOL
+from runctl.tinymodel import BASH_TOOL, TERMINAL_SYSTEM_PROMPT
 from services.sandbox.agents import AgentOutcome
 from services.sandbox.backends.base import Backend, Sandbox, SandboxError
 
-SYSTEM_PROMPT = (
-    "You are an agent working in a Linux terminal. Run shell commands with the bash tool, one at a time, and read "
-    "their output. When the task is done, answer briefly without calling a tool."
-)
+SYSTEM_PROMPT = TERMINAL_SYSTEM_PROMPT
 OUTPUT_LIMIT = 8000
 COMMAND_TIMEOUT_S = 120.0
 _OVERLONG_HINTS = ("maximum context length", "max_model_len", "context length", "too long", "max_tokens")
