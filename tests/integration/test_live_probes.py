@@ -24,6 +24,11 @@ def live_results(config: Path) -> dict[str, CheckResult]:
     return {r.id: r for r in check_config(model, live=True) if r.id.startswith("services.")}
 
 
+def host_results(config: Path) -> dict[str, CheckResult]:
+    model = load_config(config, environ={}).model
+    return {r.id: r for r in check_config(model, host=True) if r.id.startswith("services.")}
+
+
 def test_an_experiment_already_in_flight_is_fatal_until_it_ends(
     services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -70,7 +75,13 @@ def test_a_taken_ray_port_is_fatal_for_a_local_head(tmp_path: Path, monkeypatch:
             holder.listen()
         except OSError:
             pass  # something else holds it already: the probe must say so all the same
-        ports = live_results(config)["services.ray_ports"]
+        ports = host_results(config)["services.ray_ports"]
+        submitted = live_results(config)["services.ray_ports"]  # `runctl submit`: the launcher's Ray, not ours
+        monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+        inside_a_job = host_results(config)["services.ray_ports"]  # the runner's own pass, in the launcher's cluster
+        monkeypatch.delenv("RAY_ADDRESS")
     assert ports.severity == "fatal" and "8265" in ports.message
+    assert submitted.severity == "skip" and inside_a_job.severity == "skip"
+    assert "$RAY_ADDRESS" in inside_a_job.message
     config.write_text(config.read_text() + "RAY_ADDRESS=ray://127.0.0.1:10001\n")
-    assert live_results(config)["services.ray_ports"].severity == "skip"
+    assert host_results(config)["services.ray_ports"].severity == "skip"

@@ -60,15 +60,24 @@ def no_conflicting_run(ctx: Context) -> Verdict:
     return ok(f"no other run of {c.project_name}/{c.exp_name} in flight")
 
 
-@check("services.ray_ports", SERVICES, "a local Ray head that cannot start", live=True)
+@check("services.ray_ports", SERVICES, "a local Ray head that cannot start", host=True)
 def ray_ports(ctx: Context) -> Verdict:
+    """A probe of the machine a foreground run executes on (``runctl run`` and the runner's own pass). With the live
+    probes (``runctl submit``, ``runctl validate``) it is not asked: a submitted run's Ray is the launcher's (its
+    cluster, or the one head it starts and shares between its runs)."""
+    import os
+
     from runctl.stack import port_is_free
 
     c = ctx.config
     if c.engine == "fake":
         return skip("ENGINE=fake starts no Ray")
+    if ctx.live:
+        return skip("a submitted run gets its Ray from the launcher; `runctl run` checks these ports before it starts")
     if c.ray_address:
         return skip(f"RAY_ADDRESS={c.ray_address}: attaches to a running cluster")
+    if os.environ.get("RAY_ADDRESS"):
+        return skip(f"inside the Ray cluster at $RAY_ADDRESS={os.environ['RAY_ADDRESS']}: the runner attaches to it")
     taken = [port for port in RAY_HEAD_PORTS if not port_is_free(port)]
     if taken:
         return fatal(
