@@ -45,19 +45,28 @@ def reexec_in_loopback_netns() -> None:
     os.execvp("unshare", ["unshare", "--net", "sh", "-c", script, sys.executable, *sys.argv])
 
 
-def make_config(folder: Path, model: Path, trials: int, concurrent: int) -> Path:
-    text = (ROOT / "configs" / "examples" / "infer-cpu.env").read_text()
-    values = {
-        "MODEL_PATH": str(model),
-        "INDEX_FILE": str(ROOT / "examples" / "tasks"),
-        "N_TRIALS": str(trials),
-        "N_CONCURRENT": str(concurrent),
-        "EXP_NAME": "bench-runs",
-    }
+def example_config(example: str, folder: Path, values: dict[str, str]) -> Path:
+    """``configs/examples/<example>`` with ``values`` set, written to ``folder/bench.env``."""
+    text = (ROOT / "configs" / "examples" / example).read_text()
     lines = [f"{k}={values[k]}" if (k := line.split("=", 1)[0]) in values else line for line in text.splitlines()]
     path = folder / "bench.env"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def prepare(model: Path, prefix: str) -> Path:
+    """In a loopback-only namespace (re-executing this script there as root), with the tiny model made: a new
+    working folder."""
+    reexec_in_loopback_netns()
+    subprocess.run([sys.executable, "-m", "runctl.tinymodel", str(model)], check=True, capture_output=True)
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def make_config(folder: Path, model: Path, trials: int, concurrent: int) -> Path:
+    values = {"MODEL_PATH": str(model), "INDEX_FILE": str(ROOT / "examples" / "tasks"), "N_TRIALS": str(trials)}
+    return example_config(
+        "infer-cpu.env", folder, {**values, "N_CONCURRENT": str(concurrent), "EXP_NAME": "bench-runs"}
+    )
 
 
 def when(event: dict[str, object]) -> float:
@@ -70,10 +79,7 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=4, help="trials in flight (N_CONCURRENT)")
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "tinymodel", help="made when missing")
     args = parser.parse_args()
-    reexec_in_loopback_netns()
-    subprocess.run([sys.executable, "-m", "runctl.tinymodel", str(args.model)], check=True, capture_output=True)
-
-    work = Path(tempfile.mkdtemp(prefix="bench-runs-"))
+    work = prepare(args.model, "bench-runs-")
     try:
         config = make_config(work, args.model, args.trials, args.concurrent)
         env = {**os.environ, "RUNCTL_HOME": str(work / "home")}

@@ -26,20 +26,18 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from statistics import fmean, median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import ROOT, reexec_in_loopback_netns  # noqa: E402
+from runs import ROOT, example_config, prepare  # noqa: E402
 
 TARGET_OVERHEAD = 0.05
 TARGET_SYNC_SPEEDUP = 10.0
 
 
 def make_config(folder: Path, model: Path, steps: int, responses: int) -> Path:
-    text = (ROOT / "configs" / "examples" / "train-cpu.env").read_text()
     values = {
         "MODEL_PATH": str(model),
         "TRAIN_FILES": str(ROOT / "examples" / "tasks"),
@@ -50,10 +48,7 @@ def make_config(folder: Path, model: Path, steps: int, responses: int) -> Path:
         "SAVE_FREQ": "2",
         "EXP_NAME": "bench-train",
     }
-    lines = [f"{k}={values[k]}" if (k := line.split("=", 1)[0]) in values else line for line in text.splitlines()]
-    path = folder / "bench.env"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return example_config("train-cpu.env", folder, values)
 
 
 def restart_seconds(model: Path) -> float:
@@ -72,10 +67,7 @@ def main() -> int:
     parser.add_argument("--responses", type=int, default=8, help="trials per task and step (N_RESP)")
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "tinymodel", help="made when missing")
     args = parser.parse_args()
-    reexec_in_loopback_netns()
-    subprocess.run([sys.executable, "-m", "runctl.tinymodel", str(args.model)], check=True, capture_output=True)
-
-    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    work = prepare(args.model, "bench-train-")
     try:
         config = make_config(work, args.model, args.steps, args.responses)
         env = {**os.environ, "RUNCTL_HOME": str(work / "home")}

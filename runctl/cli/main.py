@@ -419,6 +419,14 @@ def status() -> None:
 @app.command()
 def demo(
     config: Annotated[Path, typer.Argument(help="Config to run.")] = Path("configs/examples/preview.env"),
+    cpu: Annotated[
+        bool,
+        typer.Option(
+            "--cpu",
+            help="Instead: infer → train on the filtered index → an eval run on every checkpoint, for real on CPU "
+            "(what ./scripts/demo.sh runs); prints every checkpoint's pass@1 beside the base model's.",
+        ),
+    ] = False,
 ) -> None:
     """Bring the stack up if needed, submit the preview example and follow it to the end."""
     from runctl import stack
@@ -433,6 +441,15 @@ def demo(
         )
         state = stack.start(base, *ports)
         _console().print(f"[green]stack up[/] in {base}: bus {state.nats_url}, tracker {state.tracker_url}")
+    if cpu:
+        from runctl.cli.cpudemo import Demo
+
+        async def go() -> int:
+            async with _client() as client:
+                return await Demo(client, _console(), base / "demo").run()
+
+        _run(go)
+        return
     submit(config, watch=True)
 
 

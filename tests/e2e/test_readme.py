@@ -47,49 +47,85 @@ def test_the_quick_start_names_exactly_the_two_commands() -> None:
     assert commands(blocks("bash")[0]) == ["./scripts/demo.sh", "./scripts/test.sh"]
 
 
-@pytest.mark.vllm
-@pytest.mark.timeout(1000)  # the demo's own limit is 900 s
-def test_the_demo_command_runs_infer_then_eval_on_cpu_and_says_where_the_results_are(tmp_path: Path) -> None:
+CHECKPOINT_LINE = re.compile(
+    r"^  (base model|step (\d+)) +pass@1 ([\d.]+) \[([\d.]+), ([\d.]+)\] \((\d+) trials\).*eval run (\S+)$", re.M
+)
+
+
+def _vllm_or_skip() -> None:
     from tests.infra import vllm_server
 
     reason = vllm_server.why_unavailable()
     if reason:
         pytest.skip(reason)
     vllm_server.tiny_model()  # made once for the suite, in the folder the examples name
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1000)  # the demo's own limit is 900 s
+def test_the_demo_trains_on_cpu_and_every_checkpoint_beats_nothing_by_luck(tmp_path: Path) -> None:
+    _vllm_or_skip()
     env = env_for(tmp_path / "home")
     try:
         result = run("./scripts/demo.sh", ROOT, env, timeout=900)
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-        # It ends with the dashboard's URL, where the tracker has both runs.
+        # It ends with the dashboard's URL, where the tracker has every run.
         url = result.stdout.strip().splitlines()[-1]
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), result.stdout[-2000:]
-        recorded = run("runctl runs --type infer && runctl runs --type eval", ROOT, env)
-        assert recorded.stdout.count("succeeded") == 2, recorded.stdout
+        recorded = {kind: run(f"runctl runs --type {kind}", ROOT, env).stdout for kind in ("infer", "train", "eval")}
     finally:
         run("runctl down", ROOT, env)
     out = result.stdout
     assert "Traceback" not in out + result.stderr
+    assert recorded["infer"].count("succeeded") == 1 and recorded["train"].count("succeeded") == 1
+    report = out[out.index("pass@1 on its training tasks") :]
+    rows = CHECKPOINT_LINE.findall(report)
+    # base model + checkpoints on the training tasks, then base model and the last checkpoint on the held-out ones
+    train_rows, held = rows[:-2], rows[-2:]
+    steps = [int(r[1] or 0) for r in train_rows]
+    assert steps[0] == 0 and steps == sorted(steps) and len(steps) >= 3, report
+    assert recorded["eval"].count("succeeded") == len(rows), recorded["eval"]
+    for row in rows:
+        assert row[6] in recorded["eval"]
+    base, last = (tuple(float(x) for x in r[2:5]) for r in (train_rows[0], train_rows[-1]))
+    assert last[0] - base[0] >= 0.3, report  # RL taught it something
+    assert last[1] > base[2], report  # and the 95 % intervals are apart: not luck
+    assert [r[0] for r in held] == ["base model", f"step {steps[-1]}"], report
+    assert all(int(r[5]) >= 32 for r in rows)
+
+
+def test_the_train_block_is_what_the_demo_runs() -> None:
+    lines = commands(blocks("bash")[4])
+    assert lines == ["runctl up", "runctl demo --cpu"]
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    assert demo.rstrip().endswith("\n".join(f".venv/bin/{line}" for line in lines))
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_the_infer_and_eval_block_runs_as_written(tmp_path: Path) -> None:
+    _vllm_or_skip()
+    env = env_for(tmp_path / "home")
+    lines = commands(blocks("bash")[3])
+    assert lines == ["runctl run configs/examples/infer-cpu.env", "runctl run configs/examples/eval-cpu.env"]
+    outputs = []
+    for line in lines:
+        result = run(line, ROOT, env, timeout=300)
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        outputs.append(result.stdout)
+    assert "Traceback" not in "".join(outputs)
     runs = sorted((tmp_path / "home" / "runs" / "demo").iterdir())
     assert [r.name.split("-2")[0] for r in runs] == ["eval-cpu", "infer-cpu"]
-    for run_dir in runs:
+    for run_dir, out in zip(runs, outputs[::-1], strict=True):
         assert f"results: {run_dir}" in out.replace("\n", "")
         assert (run_dir / "summary.csv").exists() and (run_dir / "summary.json").exists()
         assert json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])["type"].startswith(
             "runctl.run.succeeded."
         )
-    for name in ("cluster.ready", "replicas.ready", "run.succeeded", "pass@1", "95% CI", "all-fail", "kept"):
-        assert name in out
-    assert out.count("recorded by the tracker: `runctl show") == 2
-    infer = next(r for r in runs if r.name.startswith("infer"))
-    assert (infer / "filtered.parquet").exists()
-
-
-def test_the_runs_block_is_what_the_demo_runs() -> None:
-    lines = commands(blocks("bash")[3])
-    assert lines == ["runctl run configs/examples/infer-cpu.env", "runctl run configs/examples/eval-cpu.env"]
-    demo = (ROOT / "scripts" / "demo.sh").read_text()
-    for line in lines:
-        assert f".venv/bin/{line}\n" in demo
+        for name in ("cluster.ready", "replicas.ready", "run.succeeded", "pass@1", "95% CI"):
+            assert name in out
+    assert "kept" in outputs[0] and "all-fail" in outputs[0]
+    assert (runs[1] / "filtered.parquet").exists()
 
 
 def test_the_test_command_runs_pytest_with_its_arguments() -> None:
