@@ -65,7 +65,7 @@ def test_the_eval_runs_of_a_cancelled_train_run_finish_once_each_and_name_their_
         pytest.skip(reason)
     tasks = tmp_path / "tasks"
     shutil.copytree(ROOT / "examples" / "tasks" / "say-yes", tasks / "say-yes")
-    values = {"N_RESP": 2, "TOTAL_TRAINING_STEPS": 40, "SAVE_FREQ": 1, "EVAL_N_TRIALS": 2}
+    values = {"N_RESP": 2, "TOTAL_TRAINING_STEPS": 40, "SAVE_FREQ": 2, "EVAL_N_TRIALS": 2}
     cfg = config(tmp_path, "train-cpu.env", **values, TRAIN_FILES=tasks, EVAL_DATASET=tasks)
     submitted = stack("submit", str(cfg))
     run_id = re.search(r"submitted (\S+)", submitted.stdout).group(1)  # type: ignore[union-attr]
@@ -73,7 +73,7 @@ def test_the_eval_runs_of_a_cancelled_train_run_finish_once_each_and_name_their_
     stack("cancel", run_id)
     wait_until(lambda: state_of(stack, run_id) == "cancelled", 300, "the train run to be cancelled")
     steps = [0, *(e["data"]["step"] for e in events_named(stack, run_id, "checkpoint.saved"))]
-    assert steps[1] == 1
+    assert steps[1] == 2
     for step in steps:
         child = eval_run_id(run_id, step)
         wait_until(lambda child=child: state_of(stack, child) == "succeeded", 600, f"eval run {child} to succeed")
@@ -88,16 +88,16 @@ def test_the_eval_runs_of_a_cancelled_train_run_finish_once_each_and_name_their_
     state = read_stack_state(stack.home)
     assert state is not None
     rows = httpx.get(f"{state.tracker_url}/api/runs/{run_id}/checkpoints", timeout=10).json()["checkpoints"]
-    assert [r["step"] for r in rows] == steps[1:]
+    assert [r["step"] for r in rows] == steps  # the base model is step 0
     for row in rows:
         assert row["eval_run_id"] == eval_run_id(run_id, row["step"]) and row["eval_state"] == "succeeded"
         assert row["eval_score"] is not None
-    # checkpoint.saved of step 1 once more, as a new event: still one eval run, one eval.requested.
+    # checkpoint.saved of step 2 once more, as a new event: still one eval run, one eval.requested.
     first = events_named(stack, run_id, "checkpoint.saved")[0]["data"]
     again = new_event(
-        CheckpointSaved(**first), team="demo", run_id=run_id, source="/test", event_id=f"{run_id}.checkpoint.1.again"
+        CheckpointSaved(**first), team="demo", run_id=run_id, source="/test", event_id=f"{run_id}.checkpoint.2.again"
     )
     asyncio.run(republish_and_drain(state.nats_url, again))
-    assert len(events_named(stack, eval_run_id(run_id, 1), "config.submitted")) == 1
+    assert len(events_named(stack, eval_run_id(run_id, 2), "config.submitted")) == 1
     requested = [e["data"]["checkpoint_step"] for e in events_named(stack, run_id, "eval.requested")]
     assert sorted(requested) == steps
