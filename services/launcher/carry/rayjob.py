@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +55,18 @@ class RayJobs:
         self.head: LocalHead | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._client: Any = None
+        # The launcher asks from several threads at once (a train run and its base model's eval run are submitted
+        # together): one of them starts the head, the others wait for it, or a second head would be started and
+        # left behind.
+        self._lock = threading.Lock()
 
     # ---------------------------------------------------------------------------------------------- the server
     def client(self) -> Any:
         """The Jobs SDK client, starting (or finding) the local head first when no URL is configured."""
+        with self._lock:
+            return self._connect()
+
+    def _connect(self) -> Any:
         if self._client is not None:
             return self._client
         from ray.job_submission import JobSubmissionClient
