@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -13,13 +14,20 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import ROOT, wait_until
 from tests.infra import vllm_server as vllm_infra
 from tests.integration.test_runner import RUNCTL, config, env_for, events, label, pytestmark, runctl_run
 
 __all__ = ["pytestmark"]
-SMALL: dict[str, Any] = {"N_RESP": 2, "TRAIN_BSZ": 1, "TOTAL_TRAINING_STEPS": 3, "SAVE_FREQ": 2}
-SMALL |= {"EVAL_ON_CHECKPOINT": 0, "TRAIN_FILES": None, "EVAL_DATASET": None}  # None: the example's path, made absolute
+SMALL: dict[str, Any] = {"N_RESP": 4, "TRAIN_BSZ": 1, "TOTAL_TRAINING_STEPS": 3, "SAVE_FREQ": 2, "LR_WARMUP_STEPS": 0}
+SMALL |= {"EVAL_ON_CHECKPOINT": 0, "EVAL_DATASET": None}  # None: the example's path, made absolute
+
+
+def say_yes(tmp_path: Path) -> Path:
+    """A task folder with the one example task the tiny model solves about half the time: something to learn."""
+    folder = tmp_path / "tasks"
+    shutil.copytree(ROOT / "examples" / "tasks" / "say-yes", folder / "say-yes")
+    return folder
 
 
 def names(run_dir: Path, name: str) -> list[dict[str, Any]]:
@@ -34,7 +42,7 @@ def weights(folder: Path) -> dict[str, Any]:
 
 @pytest.mark.timeout(900)
 def test_a_train_run_steps_checkpoints_and_succeeds(tmp_path: Path) -> None:
-    cfg = config(tmp_path, "train-cpu.env", **SMALL)
+    cfg = config(tmp_path, "train-cpu.env", **SMALL, TRAIN_FILES=say_yes(tmp_path))
     home = tmp_path / "home"
     result = runctl_run(cfg, "train-e2e", home, timeout=780)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -48,7 +56,13 @@ def test_a_train_run_steps_checkpoints_and_succeeds(tmp_path: Path) -> None:
                     "actor/grad_norm", "actor/lr", "response_length/mean", "timing_s/gen", "timing_s/update_actor",
                     "timing_s/sync_weights", "timing_s/step", "traj_filter/timeout"):  # fmt: skip
             assert key in metrics, key
-        assert metrics["actor/grad_norm"] > 0 and metrics["response_length/mean"] > 0
+        assert metrics["actor/grad_norm"] >= 0 and metrics["response_length/mean"] > 0
+        if 0 < metrics["critic/score/mean"] < 1:  # rewards differ within the group: the advantages are not all 0
+            assert metrics["actor/grad_norm"] > 0
+    # Sampling is seeded per task, trial and turn, so these rollouts come out the same every time; some step among
+    # them has passes and failures, so the policy moves (no warm-up: the first step's rate is the full ACTOR_LR).
+    learned = [e["data"]["step"] for e in steps if 0 < e["data"]["metrics"]["critic/score/mean"] < 1]
+    assert learned, [e["data"]["metrics"]["critic/score/mean"] for e in steps]
     saved = names(run_dir, "checkpoint.saved")
     assert [e["data"]["step"] for e in saved] == [2, 3]
     base = weights(vllm_infra.tiny_model())
@@ -61,19 +75,20 @@ def test_a_train_run_steps_checkpoints_and_succeeds(tmp_path: Path) -> None:
         AutoModelForCausalLM.from_pretrained(hf)
         assert AutoTokenizer.from_pretrained(hf).chat_template
         moved = weights(hf)
-        assert any(not moved[k].equal(base[k]) for k in base)
+        if learned[0] <= e["data"]["step"]:
+            assert any(not moved[k].equal(base[k]) for k in base)
     # Every trial of the run has its own number (step s numbers from (s - 1) × N_RESP) and its own event.
     trials = sorted(e["data"]["trial"] for e in events(run_dir) if label(e) == "trial.finished")
-    assert trials == [0, 1, 2, 3, 4, 5]
+    assert trials == list(range(12))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["last_checkpoint"] == saved[-1]["data"]["path"]
     end = events(run_dir)[-1]
-    assert label(end) == "run.succeeded" and end["data"]["num_trials"] == 6
+    assert label(end) == "run.succeeded" and end["data"]["num_trials"] == 12
 
 
 @pytest.mark.timeout(1500)
 def test_a_killed_train_run_resumes_from_its_last_step_without_a_step_twice_or_lost(tmp_path: Path) -> None:
-    cfg = config(tmp_path, "train-cpu.env", **{**SMALL, "TOTAL_TRAINING_STEPS": 4})
+    cfg = config(tmp_path, "train-cpu.env", **{**SMALL, "TOTAL_TRAINING_STEPS": 4}, TRAIN_FILES=say_yes(tmp_path))
     home = tmp_path / "home"
     run_dir = home / "runs" / "demo" / "train-resumed"
     first = subprocess.Popen(
