@@ -52,8 +52,11 @@ def first_phase(argv: list[str], env: dict[str, str], timeout_s: float = 600) ->
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-        for run_id in submitted:  # the demo's runs are the stack's: ask the launcher to stop them
-            subprocess.run([str(ROOT / ".venv" / "bin" / "runctl"), "cancel", run_id], cwd=ROOT, env=env, check=False)
+        runctl = str(ROOT / ".venv" / "bin" / "runctl")
+        for run_id in submitted:  # the demo's runs are the stack's: ask the launcher to stop them, and wait until
+            # they have ended (`runctl watch` returns at the end event), or the next demo's is refused as a duplicate
+            subprocess.run([runctl, "cancel", run_id], cwd=ROOT, env=env, check=False, capture_output=True)
+            subprocess.run([runctl, "watch", run_id], cwd=ROOT, env=env, check=False, capture_output=True, timeout=300)
     if seen is None:
         raise SystemExit(f"{' '.join(argv)} printed no phase.started within {timeout_s:.0f} s (exit {proc.returncode})")
     return seen
