@@ -15,13 +15,19 @@ BASH = {
     "type": "function",
     "function": {
         "name": "bash",
-        "description": "Run a shell command.",
+        "description": "Run a shell command and return its output.",
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
     },
 }
 model = os.environ["RUNCTL_MODEL"]
 with open(os.environ["RUNCTL_INSTRUCTION_FILE"]) as f:
-    messages = [{"role": "user", "content": f.read().strip()}]
+    # The system turn runctl's terminal agent sends (runctl.tinymodel.TERMINAL_SYSTEM_PROMPT), under which the tiny
+    # model was taught the example tasks' commands.
+    system = (
+        "You are an agent working in a Linux terminal. Run shell commands with the bash tool, one at a time, and "
+        "read their output. When the task is done, answer briefly without calling a tool."
+    )
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": f.read().strip()}]
 report = {"commands": []}
 with openai.OpenAI(max_retries=0) as client:
     for _ in range(3):
