@@ -4,7 +4,9 @@ that keeps each session on one replica, and health probes that take a dead repli
 Health: every interval each replica gets ``GET /health`` and, unless it says it is asleep (``GET /is_sleeping``,
 as replicas are while a colocated trainer holds the GPUs), a one-token completion. A refused connection takes it
 out at once, as does a request that cannot reach it; probes that time out take it out after ``fail_after`` in a
-row; one good probe brings it back.
+row; one good probe brings it back. A probe that times out while the replica answers requests, or whose completion
+waits behind requests in flight after ``/health`` answered, is no failure: the replica is busy (a loaded host
+starves the probe, not the work), not gone; the request timeout ends a replica that hangs on its work.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class Replica:
     checked_at: float = 0.0
     served_model: str | None = None
     requests: int = 0
+    answered_at: float = float("-inf")  # time.monotonic() of its last answer to a request
+
+    def answered(self) -> None:
+        self.answered_at = time.monotonic()
 
     def __post_init__(self) -> None:
         self.client = UpstreamClient(self.host, self.port)
@@ -169,6 +175,8 @@ class ReplicaPool:
     async def probe(self, replica: Replica) -> None:
         """One health probe of one replica; updates its state."""
         replica.checked_at = time.time()
+        started = time.monotonic()
+        asked = "/health"
         try:
             resp = await replica.client.request("GET", "/health", timeout_s=self.probe_timeout_s)
             await resp.read()
@@ -180,6 +188,7 @@ class ReplicaPool:
                 self._mark_up(replica, ASLEEP)
                 return
             if self.probe_completion and replica.served_model:
+                asked = "a one-token completion"
                 body = orjson.dumps({"model": replica.served_model, "prompt": "ok", "max_tokens": 1})
                 resp = await replica.client.request("POST", "/v1/completions", body, timeout_s=self.probe_timeout_s)
                 await resp.read()
@@ -187,8 +196,17 @@ class ReplicaPool:
                     raise UpstreamError(f"a one-token completion answered {resp.status}", True)
             self._mark_up(replica)
         except UpstreamTimeout:
+            waited = f"{asked} did not answer within {self.probe_timeout_s:g}s"
+            if replica.answered_at >= started:
+                replica.last_error = f"busy: {waited}, while it answered requests"
+                return
+            if asked != "/health" and replica.in_flight:
+                # The server is up and its engine has work queued before the probe; the request timeout is what
+                # ends a replica that hangs on it.
+                replica.last_error = f"busy: {waited}, behind {replica.in_flight} request(s) in flight"
+                return
             replica.failures += 1
-            replica.last_error = f"health probe timed out after {self.probe_timeout_s:g}s"
+            replica.last_error = waited
             if replica.failures >= self.fail_after:
                 self.mark_down(replica, replica.last_error)
         except UpstreamError as e:

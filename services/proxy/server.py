@@ -447,6 +447,7 @@ class ProxyServer:
                 replica.in_flight -= 1
                 raise
             replica.requests += 1
+            replica.answered()
             session.replica = replica.name
             return replica, upstream
 
@@ -462,6 +463,7 @@ class ProxyServer:
         usage: dict[str, Any] | None,
     ) -> None:
         now = time.time()
+        replica.answered()
         for prompt_ids, choices in groups:
             session.add_turn(
                 Turn(

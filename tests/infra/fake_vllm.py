@@ -86,9 +86,12 @@ def reply(
 
 
 class FakeVLLM:
-    def __init__(self, model: str = MODEL, delay_s: float = 0.0, sleeping: bool = False) -> None:
+    def __init__(
+        self, model: str = MODEL, delay_s: float = 0.0, sleeping: bool = False, health_delay_s: float = 0.0
+    ) -> None:
         self.model = model
         self.delay_s = delay_s
+        self.health_delay_s = health_delay_s  # a starved host: the probe waits, the work goes on
         self.sleeping = sleeping
         self.requests: list[dict[str, Any]] = []
         self.abandoned = 0  # requests whose client left before the (delayed) answer
@@ -110,6 +113,7 @@ class FakeVLLM:
     async def handle(self, req: Request, resp: Responder) -> None:
         path = req.path
         if path == "/health":
+            await asyncio.sleep(self.health_delay_s)
             resp.send(200, b"")
         elif path == "/is_sleeping":
             resp.send(200, orjson.dumps({"is_sleeping": self.sleeping}))

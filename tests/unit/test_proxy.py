@@ -346,6 +346,55 @@ async def test_a_dead_replica_is_taken_out_and_comes_back(fake: FakeVLLM, tmp_pa
     )
 
 
+async def test_a_replica_that_answers_requests_stays_in_while_its_probes_time_out(tmp_path: Path) -> None:
+    # A loaded host starves the health probe, not the work: probes that time out while requests are answered are
+    # no failure; once the replica answers nothing, the same probes take it out.
+    starved = await FakeVLLM().start()
+    try:
+        async with ProxyServer([starved.url], health_interval_s=0.05, probe_timeout_s=0.3) as proxy:
+            assert await proxy.wait_ready(10)
+            replica = next(iter(proxy.pool.replicas.values()))
+            starved.health_delay_s = 5.0
+            session = proxy.open_session()
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+            codes = []
+            async with httpx.AsyncClient() as http:
+                deadline = asyncio.get_running_loop().time() + 2.0  # several probe timeouts, fail_after is 2
+                while asyncio.get_running_loop().time() < deadline:
+                    codes.append(
+                        (await http.post(session.openai_base_url + "/chat/completions", json=body)).status_code
+                    )
+                    await asyncio.sleep(0.02)
+            assert set(codes) == {200} and replica.state == "up"
+            assert replica.last_error == "busy: /health did not answer within 0.3s, while it answered requests"
+            await async_wait_until(lambda: replica.state == "down", 10, "the silent replica to be taken out")
+            assert replica.last_error == "/health did not answer within 0.3s"
+    finally:
+        await starved.close()
+
+
+async def test_a_replica_whose_probe_waits_behind_its_work_stays_in_until_it_has_none(tmp_path: Path) -> None:
+    # /health answers; the one-token completion queues behind a long request (the first request of a cold vLLM).
+    slow = await FakeVLLM().start()
+    try:
+        async with ProxyServer([slow.url], health_interval_s=0.05, probe_timeout_s=0.3) as proxy:
+            assert await proxy.wait_ready(10)
+            replica = next(iter(proxy.pool.replicas.values()))
+            slow.delay_s = 2.0
+            session = proxy.open_session()
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+            async with httpx.AsyncClient(timeout=30) as http:
+                reply = await http.post(session.openai_base_url + "/chat/completions", json=body)
+            assert reply.status_code == 200 and replica.state == "up"
+            # Up after 2 s of probes timing out (fail_after is 2) with nothing answered until the end: the request in
+            # flight is what kept it in.
+            assert replica.last_error.startswith("busy: a one-token completion did not answer within 0.3s")
+            await async_wait_until(lambda: replica.state == "down", 10, "the idle, unanswering replica to be taken out")
+            assert replica.last_error == "a one-token completion did not answer within 0.3s"
+    finally:
+        await slow.close()
+
+
 async def test_five_hundred_concurrent_sessions_keep_to_their_own_turns(proxy: ProxyServer) -> None:
     sessions = [proxy.open_session({"n": i}) for i in range(500)]
     # 20 clients of 25 connections: one client pool of 500 costs httpx quadratic time, not the proxy.

@@ -124,10 +124,22 @@ def test_timeout(tmp_path: Path) -> None:
 def test_a_failed_model_call_is_an_error_and_says_whether_the_model_was_unavailable(
     tmp_path: Path, response: httpx.Response, unavailable: bool
 ) -> None:
-    terminal, _ = agent(tmp_path, lambda body, n: response)
+    terminal, seen = agent(tmp_path, lambda body, n: response, unavailable_wait_s=1.0)
     outcome = terminal.run(RecordingBackend(), SANDBOX, TASK, 60)  # type: ignore[arg-type]
     assert outcome.termination_reason == "error" and outcome.failure is not None
     assert outcome.failure[0] == "model" and terminal.model_unavailable is unavailable
+    assert len(seen) == (2 if unavailable else 1)  # a 503 is asked again (after 0.5 s) while the wait lasts
+
+
+def test_a_model_that_is_unavailable_for_a_while_is_waited_for(tmp_path: Path) -> None:
+    # The proxy answers 503 while no replica is up (one restarting, or its probes starved): the call is retried.
+    def flaky(body: dict[str, Any], n: int) -> httpx.Response:
+        return httpx.Response(503, text="no replica") if n < 2 else httpx.Response(200, json=reply("done"))
+
+    terminal, seen = agent(tmp_path, flaky)
+    outcome = terminal.run(RecordingBackend(), SANDBOX, TASK, 60)  # type: ignore[arg-type]
+    assert outcome.termination_reason == "agent_completed" and len(seen) == 3 and not terminal.model_unavailable
+    assert seen[0] == seen[2]  # the same call, seed included
 
 
 def test_bad_tool_calls_are_answered_not_run(tmp_path: Path) -> None:

@@ -30,6 +30,9 @@ from services.sandbox.backends.base import Backend, Sandbox, SandboxError
 SYSTEM_PROMPT = TERMINAL_SYSTEM_PROMPT
 OUTPUT_LIMIT = 8000
 COMMAND_TIMEOUT_S = 120.0
+UNAVAILABLE_WAIT_S = 90.0
+"""How long a call waits, retrying, while the proxy answers 503 (no replica up: one restarting, or its health
+probes starved on a loaded host), before the trial gives up on the model."""
 _OVERLONG_HINTS = ("maximum context length", "max_model_len", "context length", "too long", "max_tokens")
 
 
@@ -54,6 +57,7 @@ class TerminalAgent:
         max_tokens: int | None = None,
         max_context_tokens: int | None = None,
         http: httpx.Client | None = None,
+        unavailable_wait_s: float = UNAVAILABLE_WAIT_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -64,6 +68,7 @@ class TerminalAgent:
         self.seed = seed
         self.max_tokens = max_tokens
         self.max_context_tokens = max_context_tokens
+        self.unavailable_wait_s = unavailable_wait_s
         self.http = http  # shared by the trials of a run: making a client costs tens of milliseconds
         self.tokens = {"prompt": 0, "completion": 0}
         self.turns = 0
@@ -127,8 +132,16 @@ class TerminalAgent:
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
         started = time.monotonic()
+        pause = 0.5
         try:
-            response = http.post(f"{self.base_url}/chat/completions", json=body, timeout=left)
+            while True:
+                response = http.post(f"{self.base_url}/chat/completions", json=body, timeout=left)
+                waited = time.monotonic() - started
+                if response.status_code != 503 or waited + pause > min(self.unavailable_wait_s, left):
+                    break
+                time.sleep(pause)
+                pause = min(2 * pause, 10.0)
+                left = max(0.001, left - (time.monotonic() - started - waited))
         except httpx.TimeoutException:
             return AgentOutcome("timeout", ("agent_budget", "the model call ran past the agent's deadline"))
         except httpx.HTTPError as e:
