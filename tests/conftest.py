@@ -17,10 +17,23 @@ from pathlib import Path
 
 import pytest
 
+from runctl import tinymodel
 from runctl.bus import Bus
 from runctl.stack import nats_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Make the tiny model before the first test that needs it, outside every test's timeout: on a fresh clone,
+    or a loaded machine, teaching it takes minutes that no test should be charged with."""
+    if not any(item.get_closest_marker(m) for item in session.items for m in ("vllm", "integration")):
+        return
+    from tests.infra import vllm_server
+
+    if vllm_server.why_unavailable() is None and not tinymodel.is_made(vllm_server.MODEL_DIR):
+        print(f"\nmaking the tiny model in {vllm_server.MODEL_DIR} (once per checkout; a few minutes) ...", flush=True)
+        vllm_server.tiny_model()
 
 
 @pytest.fixture(autouse=True, scope="session")
