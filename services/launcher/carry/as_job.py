@@ -62,7 +62,8 @@ class JobCarrier:
             if entry is not None and entry.state == "ended":
                 return
             progress = entry.progress if entry else progress
-            phase, trials = progress.get("phase", "environment"), int(progress.get("num_trials", 0))
+            phase = progress.get("phase", "environment")
+            trials = await books.published_trials(team, run_id, int(progress.get("num_trials", 0)))
             if stop_sent:
                 await books.end(team, run_id, RunCancelled(requested_by=cancelled_by(), phase=phase, num_trials=trials))
                 return

@@ -17,8 +17,8 @@ from runctl.bus import Bus
 from runctl.config.loader import validate_settings
 from runctl.config.models import RunConfig
 from runctl.errors import BusError, RunctlError
-from runctl.events import ConfigSubmitted, new_event, parse_event
-from runctl.events.payloads import RUNS_STREAM, Payload
+from runctl.events import ConfigSubmitted, TrialFinished, new_event, parse_event
+from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM, Payload
 from runctl.subjects import event_subject
 from services.launcher.carry.lifecycle import failed
 from services.launcher.errors import ForegroundRun, LauncherError
@@ -52,6 +52,26 @@ class Books:
         self, team: str, run_id: str, phase: str, error: RunctlError, num_trials: int = 0, attempts: int = 1
     ) -> None:
         await self.end(team, run_id, failed(phase, error, num_trials, attempts))
+
+    async def published_trials(self, team: str, run_id: str, known: int = 0) -> int:
+        """How many of the run's trials are on the bus (distinct ids): what the end event of a run whose runner died
+        must count, since a runner killed between publishing a trial and saving its progress saved one too few.
+        ``known`` (the saved count) when the bus cannot say."""
+        subject = event_subject(team, run_id, TrialFinished.event_name)
+        ids: set[str] = set()
+        seq = 1
+        try:
+            while True:
+                try:
+                    msg = await self.bus.js.get_msg(TRIALS_STREAM, seq, subject=subject, next=True)
+                except nats.js.errors.NotFoundError:
+                    break
+                ids.add(parse_event(msg.data or b"").id)
+                seq = int(msg.seq or seq) + 1
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError, ValueError) as e:
+            log.warning("could not count the trials of %s on the bus (%s); %d saved", run_id, e, known)
+            return known
+        return max(known, len(ids))
 
     async def submitted_config(
         self, team: str, run_id: str, foreground_too: bool = False
