@@ -62,9 +62,9 @@ class JobCarrier:
             if entry is not None and entry.state == "ended":
                 return
             progress = entry.progress if entry else progress
-            phase = progress.get("phase", "environment")
-            trials = await books.published_trials(team, run_id, int(progress.get("num_trials", 0)))
+            phase, saved = progress.get("phase", "environment"), int(progress.get("num_trials", 0))
             if stop_sent:
+                trials = await books.published_trials(team, run_id, saved)
                 await books.end(team, run_id, RunCancelled(requested_by=cancelled_by(), phase=phase, num_trials=trials))
                 return
             tail = await asyncio.to_thread(self.jobs.log_tail, submission)
@@ -86,7 +86,9 @@ class JobCarrier:
                 run_id=run_id,
                 team=team,
             )
-            await books.end_failed(team, run_id, phase, error, trials, attempt)
+            await books.end_failed(
+                team, run_id, phase, error, await books.published_trials(team, run_id, saved), attempt
+            )
             return
 
     async def find_or_submit(

@@ -132,16 +132,16 @@ class TerminalAgent:
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
         started = time.monotonic()
-        pause = 0.5
+        deadline, pause = started + left, 0.5
         try:
             while True:
-                response = http.post(f"{self.base_url}/chat/completions", json=body, timeout=left)
+                timeout = max(0.001, deadline - time.monotonic())
+                response = http.post(f"{self.base_url}/chat/completions", json=body, timeout=timeout)
                 waited = time.monotonic() - started
                 if response.status_code != 503 or waited + pause > min(self.unavailable_wait_s, left):
                     break
                 time.sleep(pause)
                 pause = min(2 * pause, 10.0)
-                left = max(0.001, left - (time.monotonic() - started - waited))
         except httpx.TimeoutException:
             return AgentOutcome("timeout", ("agent_budget", "the model call ran past the agent's deadline"))
         except httpx.HTTPError as e:
