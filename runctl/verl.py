@@ -6,6 +6,7 @@ verl's own config tree before a GPU is touched, and the launcher's verl engine l
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from typing import Any
@@ -14,6 +15,21 @@ from runctl.config.models import TrainConfig
 
 ENTRYPOINT = "verl.trainer.main_ppo"
 CONFIG_NAME = "ppo_trainer"
+ASYNC_ENTRYPOINT = "verl.experimental.fully_async_policy.fully_async_main"
+ASYNC_CONFIG_NAME = "fully_async_ppo_trainer"
+
+# runctl's plugin points inside verl (service modules, named here as strings: runctl imports no service).
+AGENT_LOOP_NAME = "runctl"
+AGENT_LOOP_CLASS = "services.launcher.engines.verl.agent_loop.RunctlAgentLoop"
+CALLBACK_CLASS = "services.launcher.engines.verl.callback.CheckpointAnnouncer"
+# Where, under the run folder, the runner leaves what verl reads and verl writes what the runner reads.
+AGENT_LOOPS_FILE = "verl/agent_loops.yaml"
+TRAIN_FILE = "verl/train.parquet"
+VAL_FILE = "verl/val.parquet"
+STEP_LOG = "verl/steps.jsonl"
+#: What each checkpoint holds: verl's resume state, and a Hugging Face folder an eval run serves without a merge.
+SAVE_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
+LOAD_CONTENTS = ["model", "optimizer", "extra"]
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@+-]*")
 
 
@@ -41,8 +57,8 @@ def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     values: dict[str, Any] = {
         "algorithm.adv_estimator": config.adv_estimator,
-        "data.train_files": config.train_files,
-        "data.val_files": config.val_files or config.train_files,
+        "data.train_files": f"{run_dir}/{TRAIN_FILE}",
+        "data.val_files": f"{run_dir}/{VAL_FILE}",
         "data.train_batch_size": config.train_bsz,
         "data.max_prompt_length": config.max_prompt,
         "data.max_response_length": config.max_resp,
@@ -54,6 +70,8 @@ def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
         f"{actor}.use_kl_loss": config.use_kl_loss,
         f"{actor}.kl_loss_coef": config.kl_loss_coef,
         f"{actor}.entropy_coeff": config.entropy_coeff,
+        f"{actor}.clip_ratio_low": config.clip_ratio_low if config.clip_ratio_low is not None else 0.2,
+        f"{actor}.clip_ratio_high": config.clip_ratio_high if config.clip_ratio_high is not None else 0.2,
         f"{actor}.policy_loss.loss_mode": config.policy_loss_mode,
         f"{actor}.ulysses_sequence_parallel_size": config.sp_size,
         f"{actor}.optim.lr": config.actor_lr,
@@ -67,6 +85,7 @@ def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
         f"{rollout}.val_kwargs.temperature": config.val_temperature,
         f"{rollout}.max_model_len": config.max_model_len or config.max_prompt + config.max_resp,
         f"{rollout}.enable_rollout_routing_replay": config.enable_r3,
+        "algorithm.rollout_correction.rollout_is": config.rollout_is,
         f"{rollout}.agent.num_workers": config.agent_num_workers,
         "trainer.nnodes": config.nnodes,
         "trainer.n_gpus_per_node": config.ngpus_per_node,
@@ -75,16 +94,53 @@ def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
         "trainer.total_epochs": config.total_epochs,
         "trainer.total_training_steps": config.total_training_steps,
         "trainer.val_before_train": config.val_before_train,
-        "trainer.logger": loggers,
+        "trainer.logger": ["console", "file", *(name for name in loggers if name not in ("console", "file"))],
         "trainer.project_name": config.project_name,
         "trainer.experiment_name": config.exp_name,
         "trainer.default_local_dir": f"{run_dir}/checkpoints",
-        "trainer.max_actor_ckpt_to_keep": config.max_ckpt_to_keep,
+        # runctl's runner applies MAX_CKPT_TO_KEEP itself, sparing checkpoints an eval run still reads.
+        "trainer.max_actor_ckpt_to_keep": None,
+        "trainer.resume_mode": "auto",
+        # runctl's plugins: the agent loop (each sample a trial), the checkpoint hook, the step log.
+        f"{rollout}.agent.agent_loop_config_path": f"{run_dir}/{AGENT_LOOPS_FILE}",
+        f"{rollout}.agent.default_agent_loop": AGENT_LOOP_NAME,
+        f"{rollout}.calculate_log_probs": True,
+        "trainer.checkpoint_callback_class": CALLBACK_CLASS,
+        f"{actor}.checkpoint.save_contents": SAVE_CONTENTS,
+        f"{actor}.checkpoint.load_contents": LOAD_CONTENTS,
     }
-    return [f"{key}={hydra_value(value)}" for key, value in values.items()]
+    # Keys verl's tree leaves open (empty maps): added with Hydra's ``+``. The servers speak the agent's tool-call
+    # format under the served name it asks for; verl's TaskRunner and workers find the step log through Ray's
+    # runtime environment (they run as Ray actors, not in the launched process).
+    added: dict[str, Any] = {
+        f"{rollout}.engine_kwargs.vllm.served_model_name": config.served_model_name,
+        f"{rollout}.engine_kwargs.vllm.enable_auto_tool_choice": True,
+        f"{rollout}.engine_kwargs.vllm.tool_call_parser": config.tool_call_parser,
+        "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": f"{run_dir}/{STEP_LOG}",
+    }
+    if "wandb" in loggers:
+        # The key reaches verl's TaskRunner through Ray's runtime environment, read from the launched process's own
+        # environment when verl resolves its config: it never appears on the command line.
+        added["ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY"] = "${oc.env:WANDB_API_KEY}"
+        added["ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE"] = config.wandb_mode
+    return [f"{key}={hydra_value(value)}" for key, value in values.items()] + [
+        f"+{key}={hydra_value(value)}" for key, value in added.items()
+    ]
+
+
+def agent_loops_yaml(run_dir: str) -> str:
+    """verl's agent-loop registry file (``agent_loop_config_path``): runctl's loop, told its run folder."""
+    return f"- name: {AGENT_LOOP_NAME}\n  _target_: {AGENT_LOOP_CLASS}\n  run_dir: {json.dumps(run_dir)}\n"
+
+
+def launch_argv(config: TrainConfig, run_dir: str, python: str) -> list[str]:
+    """What the runner starts: VENV_PATH's Python (else ``python``, the runner's own), verl's sync or fully async
+    entry point, and the overrides. The runner adds ``RAY_ADDRESS`` (the run's cluster) to its environment."""
+    interpreter = f"{config.venv_path.rstrip('/')}/bin/python" if config.venv_path else python
+    entry = ASYNC_ENTRYPOINT if config.training_mode == "async" else ENTRYPOINT
+    return [interpreter, "-m", entry, *verl_overrides(config, run_dir)]
 
 
 def launch_command(config: TrainConfig, run_dir: str, python: str = "python3") -> str:
     """The fully expanded command line the runner starts verl with, shell-quoted."""
-    argv = [python, "-m", ENTRYPOINT, *verl_overrides(config, run_dir)]
-    return " ".join(shlex.quote(arg) for arg in argv)
+    return " ".join(shlex.quote(arg) for arg in launch_argv(config, run_dir, python))

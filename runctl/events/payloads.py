@@ -145,6 +145,17 @@ class CheckpointSaved(Payload):
     synthetic: bool = False
 
 
+class PluginFailed(Payload):
+    event_name: ClassVar[str] = "plugin.failed"
+    publisher: ClassVar[str] = "engine (runctl's plugin inside verl)"
+    plugin: Literal["checkpoint_callback", "agent_loop", "step_log"]
+    """Which of runctl's hooks inside verl failed; training went on (a hook never aborts it)."""
+    step: int | None = Field(None, ge=0)
+    error_type: str
+    message: str
+    """What failed and what it costs: a checkpoint not announced (so no eval run of it), a trial not recorded."""
+
+
 class EvalRequested(Payload):
     event_name: ClassVar[str] = "eval.requested"
     publisher: ClassVar[str] = "launcher"
@@ -229,6 +240,7 @@ PAYLOADS: tuple[type[Payload], ...] = (
     TrialFinished,
     StepDone,
     CheckpointSaved,
+    PluginFailed,
     EvalRequested,
     RunSucceeded,
     RunFailed,

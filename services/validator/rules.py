@@ -130,14 +130,16 @@ def _set(c: RunConfig, *names: str) -> bool:
     return any(n in c.model_fields_set for n in names)
 
 
+#: The keys of verl's fully async mode.
+ASYNC_KEYS = ("partial_rollout", "staleness", "require_batches", "trigger_parameter_sync_step", "total_rollout_steps")
 _TRL = "ENGINE=local trains with TRL's GRPOTrainer on one machine"
 #: What ENGINE=local's trainer (TRL's GRPO, one process) cannot carry out: refused with the reason, never ignored.
 LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
     NotBuilt(
         "TRAINING_MODE",
         lambda c: _local_train(c) and c.training_mode == "async",
-        f"{_TRL}, rollout and update taking turns; the fully async mode is verl's",
-        "TRAINING_MODE=sync (the default), or ENGINE=verl",
+        f"{_TRL}, rollout and update taking turns; the fully async mode is verl's (not wired for ENGINE=verl yet)",
+        "TRAINING_MODE=sync (the default)",
     ),
     NotBuilt(
         "ADV_ESTIMATOR",
@@ -195,19 +197,9 @@ LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
     ),
     NotBuilt(
         "PARTIAL_ROLLOUT, STALENESS, REQUIRE_BATCHES, TRIGGER_PARAMETER_SYNC_STEP, TOTAL_ROLLOUT_STEPS",
-        lambda c: (
-            _local_train(c)
-            and _set(
-                c,
-                "partial_rollout",
-                "staleness",
-                "require_batches",
-                "trigger_parameter_sync_step",
-                "total_rollout_steps",
-            )
-        ),
+        lambda c: _local_train(c) and _set(c, *ASYNC_KEYS),
         f"{_TRL} synchronously: these keys steer verl's fully async mode",
-        "remove them, or set ENGINE=verl with TRAINING_MODE=async",
+        "remove them (no engine of this build runs the fully async mode yet)",
     ),
     NotBuilt(
         "VAL_FILES, TEST_FREQ, VAL_BEFORE_TRAIN, VAL_TEMPERATURE, VAL_AGENT_TIMEOUT_SEC",
@@ -227,15 +219,77 @@ LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
 )
 
 
+def _verl_train(c: RunConfig) -> TypeGuard[TrainConfig]:
+    return isinstance(c, TrainConfig) and c.engine == "verl"
+
+
+_VERL = "ENGINE=verl runs verl's synchronous PPO trainer (main_ppo) with runctl's agent loop"
+#: What ENGINE=verl does not carry out (yet): refused with the reason, never ignored.
+VERL_REFUSES: tuple[NotBuilt, ...] = (
+    NotBuilt(
+        "ENGINE",
+        lambda c: c.engine == "verl" and c.run_type != "train",
+        "ENGINE=verl carries train runs; infer and eval runs are served by ENGINE=local (vLLM on a GPU or the CPU)",
+        "ENGINE=local",
+    ),
+    NotBuilt(
+        "TRAINING_MODE",
+        lambda c: _verl_train(c) and c.training_mode == "async",
+        f"{_VERL}; its overrides are not composed against verl's fully async trainer yet",
+        "TRAINING_MODE=sync (the default)",
+    ),
+    NotBuilt(
+        "PARTIAL_ROLLOUT, STALENESS, REQUIRE_BATCHES, TRIGGER_PARAMETER_SYNC_STEP, TOTAL_ROLLOUT_STEPS, "
+        "N_NODES_TRAIN, N_NODES_ROLLOUT",
+        lambda c: _verl_train(c) and _set(c, *ASYNC_KEYS, "n_nodes_train", "n_nodes_rollout"),
+        f"{_VERL}, rollout and training sharing every GPU in turn: these keys shape the fully async mode",
+        "remove them",
+    ),
+    NotBuilt(
+        "MODEL_ENGINE, VEOMNI_*, EP_SIZE",
+        lambda c: (
+            _verl_train(c)
+            and (c.model_engine != "fsdp" or _set(c, "veomni_fused_kernels", "veomni_activation_offload", "ep_size"))
+        ),
+        f"{_VERL} on FSDP; the VeOmni trainer config is not wired yet",
+        "MODEL_ENGINE=fsdp (the default), and remove VEOMNI_* and EP_SIZE",
+    ),
+    NotBuilt(
+        "GEN_DP",
+        lambda c: (
+            _verl_train(c)
+            and c.training_mode == "sync"
+            and _set(c, "gen_dp")
+            and c.gen_dp * c.gen_tp != c.nnodes * c.ngpus_per_node
+        ),
+        "verl makes one rollout replica per GEN_TP GPUs of the whole cluster (it takes no replica count)",
+        "remove GEN_DP, or set it to NNODES × NGPUS_PER_NODE ÷ GEN_TP",
+    ),
+    NotBuilt(
+        "VLLM_READY_TIMEOUT",
+        lambda c: _verl_train(c) and _set(c, "vllm_ready_timeout"),
+        "verl starts its own vLLM servers and waits for them itself",
+        "remove VLLM_READY_TIMEOUT",
+    ),
+    NotBuilt(
+        "VAL_AGENT_TIMEOUT_SEC",
+        lambda c: (
+            _verl_train(c)
+            and _set(c, "val_agent_timeout_sec")
+            and c.val_temperature == c.temperature
+            and c.val_agent_timeout_sec != c.agent_timeout_sec
+        ),
+        "runctl's agent loop inside verl tells a validation sample by VAL_TEMPERATURE (verl passes no other sign), "
+        "and here it equals TEMPERATURE",
+        "give VAL_TEMPERATURE a value of its own, or remove VAL_AGENT_TIMEOUT_SEC",
+    ),
+)
+
+
 #: Everything a config can ask for that this build does not do. ENGINE=fake runs are previews: only the rows that
 #: hold for every engine apply to them (``engine.not_built`` warns of the keys a synthetic run ignores).
 NOT_BUILT: tuple[NotBuilt, ...] = (
-    NotBuilt(
-        "ENGINE",
-        lambda c: c.engine == "verl",
-        "the verl engine (GPU training and rollouts through verl) is not built yet",
-        "ENGINE=local for infer and eval runs on this machine, or ENGINE=fake to preview a train run's lifecycle",
-    ),
+    *VERL_REFUSES,
     *LOCAL_TRAINER_REFUSES,
     NotBuilt(
         "SCAFFOLD",

@@ -67,8 +67,9 @@ def reply(
     last_role: str | None,
     index: int,
     max_tokens: int | None,
+    arguments: str = "{}",
 ) -> tuple[str, list[dict[str, Any]] | None, str]:
-    """(text, tool calls, finish reason) for a prompt."""
+    """(text, tool calls, finish reason) for a prompt; a tool call carries ``arguments``."""
     if tools and tool_choice != "none" and last_role == "user":
         name = tools[0]["function"]["name"]
         if isinstance(tool_choice, dict):
@@ -76,7 +77,7 @@ def reply(
         call = {
             "id": f"chatcmpl-tool-{len(prompt_ids)}-{index}",
             "type": "function",
-            "function": {"name": name, "arguments": "{}"},
+            "function": {"name": name, "arguments": arguments},
         }
         return "", [call], "tool_calls"
     text = f"reply {len(prompt_ids) % 97} {index}."
@@ -87,9 +88,16 @@ def reply(
 
 class FakeVLLM:
     def __init__(
-        self, model: str = MODEL, delay_s: float = 0.0, sleeping: bool = False, health_delay_s: float = 0.0
+        self,
+        model: str = MODEL,
+        delay_s: float = 0.0,
+        sleeping: bool = False,
+        health_delay_s: float = 0.0,
+        tool_arguments: str = "{}",
     ) -> None:
+        """``tool_arguments``: what its tool calls pass (a bash command, for a test whose agent must act)."""
         self.model = model
+        self.tool_arguments = tool_arguments
         self.delay_s = delay_s
         self.health_delay_s = health_delay_s  # a starved host: the probe waits, the work goes on
         self.sleeping = sleeping
@@ -156,11 +164,16 @@ class FakeVLLM:
         out = []
         for i in range(body.get("n") or 1):
             text, calls, finish = reply(
-                prompt_ids, body.get("tools"), body.get("tool_choice"), last_role, i, body.get("max_tokens")
+                prompt_ids,
+                body.get("tools"),
+                body.get("tool_choice"),
+                last_role,
+                i,
+                body.get("max_tokens"),
+                self.tool_arguments,
             )
-            sampled = token_ids(text + (tool_call_text(calls[0]["function"]["name"], "{}") if calls else "")) + (
-                [EOS] if finish != "length" else []
-            )
+            called = tool_call_text(calls[0]["function"]["name"], self.tool_arguments) if calls else ""
+            sampled = token_ids(text + called) + ([EOS] if finish != "length" else [])
             out.append({"text": text, "calls": calls, "finish": finish, "ids": sampled})
         return out
 

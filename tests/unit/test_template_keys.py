@@ -143,12 +143,63 @@ REFUSED_TRAIN: dict[str, tuple[str, str]] = {
     "NNODES": ("2", "the trainer and the weights it syncs stay on the runner's machine"),
 }
 
+_VERL = ("runctl/verl.py",)
+_VERL_ENGINE = ("services/launcher/engines/verl/engine.py",)
+#: Key → the modules that read it, for the keys of an ENGINE=verl train run beyond HONOURED: the overrides verl is
+#: launched with (runctl/verl.py), the runner (engines/verl/), and the trial settings its agent loop shares with
+#: ENGINE=local (engines/local.py's loop_settings, trainer/loop.py's filters).
+HONOURED_VERL: dict[str, tuple[str, ...]] = {
+    **{k: _VERL for k in (
+        "TRAINING_MODE", "TRAIN_BSZ", "N_RESP", "MAX_PROMPT", "MAX_RESP", "TOTAL_EPOCHS", "TOTAL_TRAINING_STEPS",
+        "SAVE_FREQ", "TEST_FREQ", "VAL_BEFORE_TRAIN", "ADV_ESTIMATOR", "POLICY_LOSS_MODE", "USE_KL_LOSS",
+        "KL_LOSS_COEF", "ENTROPY_COEFF", "ACTOR_LR", "LR_SCHEDULER", "LR_WARMUP_STEPS", "CLIP_RATIO_LOW",
+        "CLIP_RATIO_HIGH", "TRAIN_MINI_BSZ", "TRAIN_MICRO_BSZ_PER_GPU", "USE_DYNAMIC_BSZ", "SP_SIZE", "GEN_TP",
+        "GPU_MEM_UTIL", "TEMPERATURE", "VAL_TEMPERATURE", "ENABLE_R3", "AGENT_NUM_WORKERS", "NNODES",
+        "NGPUS_PER_NODE", "LOGGER", "TOOL_CALL_PARSER", "ROLLOUT_IS", "SERVED_MODEL_NAME", "MAX_MODEL_LEN",
+        "WANDB_MODE",
+    )},
+    "TRAIN_FILES": ("services/launcher/engines/local.py",),
+    "VAL_FILES": _VERL_ENGINE,
+    "MAX_CKPT_TO_KEEP": _VERL_ENGINE,
+    "VENV_PATH": _VERL,
+    "WANDB_API_KEY": _VERL_ENGINE,
+    "RAY_ADDRESS": _VERL_ENGINE,
+    "VAL_AGENT_TIMEOUT_SEC": ("services/launcher/engines/verl/host.py",),
+    "TRAJ_FILTER_TIMEOUT": ("services/launcher/trainer/loop.py",),
+    "TRAJ_FILTER_ENV_SETUP_FAILED": ("services/launcher/trainer/loop.py",),
+    "TRAJ_FILTER_OVERLONG": ("services/launcher/trainer/loop.py",),
+    "EVAL_ON_CHECKPOINT": ("services/launcher/evals.py",),
+    "EVAL_DATASET": ("services/launcher/evals.py",),
+    "EVAL_N_TRIALS": ("services/launcher/evals.py",),
+    "EVAL_TEMPERATURE": ("services/launcher/evals.py",),
+}  # fmt: skip
+
+#: Key → a value ENGINE=verl refuses (with what the refusal says).
+REFUSED_VERL: dict[str, tuple[str, str]] = {
+    "TRAINING_MODE": ("async", "not composed against verl's fully async trainer yet"),
+    "PARTIAL_ROLLOUT": ("1", "these keys shape the fully async mode"),
+    "STALENESS": ("0.5", "these keys shape the fully async mode"),
+    "REQUIRE_BATCHES": ("2", "these keys shape the fully async mode"),
+    "TRIGGER_PARAMETER_SYNC_STEP": ("2", "these keys shape the fully async mode"),
+    "TOTAL_ROLLOUT_STEPS": ("10", "these keys shape the fully async mode"),
+    "N_NODES_TRAIN": ("1", "these keys shape the fully async mode"),
+    "N_NODES_ROLLOUT": ("0", "these keys shape the fully async mode"),
+    "MODEL_ENGINE": ("veomni", "the VeOmni trainer config is not wired yet"),
+    "VEOMNI_FUSED_KERNELS": ("0", "the VeOmni trainer config is not wired yet"),
+    "VEOMNI_ACTIVATION_OFFLOAD": ("0", "the VeOmni trainer config is not wired yet"),
+    "EP_SIZE": ("1", "the VeOmni trainer config is not wired yet"),
+    "GEN_DP": ("3", "one rollout replica per GEN_TP GPUs of the whole cluster"),
+    "VLLM_READY_TIMEOUT": ("100", "verl starts its own vLLM servers"),
+    "VAL_AGENT_TIMEOUT_SEC": ("60", "tells a validation sample by VAL_TEMPERATURE"),
+}
+
+
 #: Keys that are variables for other keys' values (``${MODEL_ROOT}/name``): the loader interpolates them.
 VARIABLES = ("MODEL_ROOT",)
 
 #: Key → (a value this build does not carry out, what the refusal says), for ENGINE=local infer and eval.
 REFUSED: dict[str, tuple[str, str]] = {
-    "ENGINE": ("verl", "the verl engine"),
+    "ENGINE": ("verl", "ENGINE=verl carries train runs"),
     "PRIORITY": ("high", "no queue for PRIORITY to order yet"),
     "SCAFFOLD": ("cc", "the ohsdk, oh, cc and oc scaffolds are not built yet"),
     "AGENT_NETWORK": ("allowlist", "no sandbox backend enforces an egress allowlist yet"),
@@ -232,10 +283,33 @@ def test_the_honoured_values_of_refused_keys_pass() -> None:
     assert not [r for r in results("eval", fine) if r.severity == "fatal"]
 
 
-def test_a_train_run_is_refused_for_verl_until_its_engine_lands() -> None:
-    fatal = [r for r in results("train", "ENGINE=verl\n") if r.severity == "fatal"]
-    assert "engine.not_built" in [r.id for r in fatal]
-    assert "not built yet" in next(r.message for r in fatal if r.id == "engine.not_built")
+def test_a_verl_train_run_asks_nothing_that_is_not_built() -> None:
+    (verdict,) = [r for r in results("train", "ENGINE=verl\n") if r.id == "engine.not_built"]
+    assert verdict.severity == "ok", verdict
+
+
+def test_every_train_template_key_is_honoured_or_refused_for_verl() -> None:
+    keys = template_keys("train")
+    known = set(HONOURED) | set(HONOURED_VERL) | set(REFUSED) | set(REFUSED_VERL) | set(VARIABLES)
+    unclassified = [k for k in keys if k not in known]
+    assert unclassified == [], f"say where these are read, or refuse them: {unclassified}"
+
+
+@pytest.mark.parametrize(("key", "modules"), sorted(HONOURED_VERL.items()), ids=lambda v: str(v))
+def test_a_key_honoured_for_verl_is_read_where_the_table_says(key: str, modules: tuple[str, ...]) -> None:
+    readers = [m for m in modules if key.lower() in attributes_read(m)]
+    assert readers, f"{key}: none of {modules} reads .{key.lower()}"
+
+
+@pytest.mark.parametrize("key", sorted(REFUSED_VERL))
+def test_a_key_verl_cannot_carry_out_is_refused_with_the_reason(key: str) -> None:
+    value, says = REFUSED_VERL[key]
+    extra = "ENGINE=verl\nNGPUS_PER_NODE=8\nGEN_TP=1\n" + f"{key}={value}\n"
+    if key == "VAL_AGENT_TIMEOUT_SEC":
+        extra += "VAL_TEMPERATURE=1.0\n"  # the same as TEMPERATURE: a validation sample cannot be told apart
+    fatal = [r for r in results("train", extra) if r.severity == "fatal" and r.id == "engine.not_built"]
+    assert fatal, f"{key}={value} is not refused for ENGINE=verl"
+    assert says in fatal[0].message and key in fatal[0].message and fatal[0].fix
 
 
 def test_a_local_train_run_asks_nothing_that_is_not_built() -> None:
@@ -279,6 +353,6 @@ def test_a_refused_key_is_refused_before_launch_by_the_runner_too() -> None:
 
 
 def test_the_table_names_modules_that_exist() -> None:
-    for modules in [*HONOURED.values(), *HONOURED_TRAIN.values()]:
+    for modules in [*HONOURED.values(), *HONOURED_TRAIN.values(), *HONOURED_VERL.values()]:
         for module in modules:
             assert Path(ROOT / module).is_file(), module

@@ -21,8 +21,11 @@ def make_engine(name: str) -> Engine:
         from services.launcher.engines.local import LocalEngine  # imports the proxy and the sandbox backends
 
         return LocalEngine()
+    if name == "verl":
+        from services.launcher.engines.verl.engine import VerlEngine  # verl itself is imported by verl's workers only
+
+        return VerlEngine()
     raise EngineUnavailableError(
-        f"ENGINE={name} cannot run yet: this build carries runs with ENGINE=local (infer and eval on one machine "
-        "or a Ray cluster) and ENGINE=fake (synthetic events); the verl engine is not built yet. "
-        "Fix: set ENGINE=local for infer and eval runs, or ENGINE=fake to preview a train run's lifecycle."
+        f"ENGINE={name} is not an engine of this build. Fix: ENGINE=local (one machine, or a Ray cluster), verl "
+        "(train runs on GPU clusters), or fake (synthetic events)."
     )

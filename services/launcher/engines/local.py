@@ -26,7 +26,7 @@ from runctl.config import EvalConfig, InferConfig, RunConfig, TrainConfig
 from runctl.config.loader import redact
 from runctl.config.models import is_secret
 from runctl.errors import TaskError
-from runctl.events import ClusterReady, ReplicasReady
+from runctl.events import ReplicasReady
 from runctl.tasks import IndexEntry, Task, TaskIndex, load_index, load_task
 from services.launcher.engines.base import Outcome, RunContext
 from services.launcher.errors import EngineError
@@ -72,13 +72,7 @@ class LocalEngine:
             await ctx.enter_phase("ray")
             found = await asyncio.to_thread(ray_cluster.connect, config.ray_address, config.nnodes)
             stack.push_async_callback(asyncio.to_thread, ray_cluster.release)
-            cluster_ready = ClusterReady(
-                ray_address=found.address,
-                num_nodes=len(found.nodes),
-                num_nodes_expected=config.nnodes,
-                num_gpus=found.num_gpus,
-                num_cpus=found.num_cpus,
-            )
+            cluster_ready = found.ready(config.nnodes)
             await ctx.emit(cluster_ready, "cluster" + ctx.key_suffix)
             ctx.check_cancelled()
 

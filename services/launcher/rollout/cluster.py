@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from runctl.events import ClusterReady
 from services.launcher.errors import EngineError
 
 #: How long the runner waits for NNODES nodes; ``RUNCTL_NODES_TIMEOUT_SEC`` in the environment overrides it.
@@ -30,6 +31,16 @@ class Cluster:
     num_cpus: float
     num_gpus: float
     started_local_head: bool
+
+    def ready(self, nnodes: int) -> ClusterReady:
+        """The ``cluster.ready`` event of a run that asked for ``nnodes`` nodes."""
+        return ClusterReady(
+            ray_address=self.address,
+            num_nodes=len(self.nodes),
+            num_nodes_expected=nnodes,
+            num_gpus=self.num_gpus,
+            num_cpus=self.num_cpus,
+        )
 
 
 def _describe(nodes: list[dict[str, Any]]) -> str:

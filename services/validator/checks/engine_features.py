@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runctl.config.models import RunConfig
 from services.validator.checks.common import train_config
-from services.validator.registry import Context, Verdict, check, fatal, ok, warn
+from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
 from services.validator.rules import DECAYING_SCHEDULES, ENGINES, NOT_BUILT
 
 ENGINE = 7
@@ -127,3 +127,61 @@ def _shown(config: RunConfig, key: str) -> str:
 def _value(config: RunConfig, key: str) -> str:
     value = getattr(config, key.lower(), None)
     return "1" if value is True else "0" if value is False else str(value)
+
+
+#: What ENGINE=verl's runner and verl's workers import: the GPU set (``scripts/setup.sh --gpu``).
+VERL_RUNTIME = ("verl", "vllm", "torch", "ray")
+_PROBE = "import importlib.util as u, sys; print(','.join(m for m in sys.argv[1:] if u.find_spec(m) is None))"
+
+
+def missing_modules(python: str | None, modules: tuple[str, ...] = VERL_RUNTIME) -> list[str]:
+    """The modules ``python`` (None: this interpreter) cannot import. Another interpreter is asked in a child."""
+    import importlib.util
+    import subprocess
+
+    if python is None:
+        return [m for m in modules if importlib.util.find_spec(m) is None]
+    found = subprocess.run([python, "-c", _PROBE, *modules], capture_output=True, text=True, timeout=60)
+    if found.returncode != 0:
+        return list(modules)
+    return [m for m in found.stdout.strip().split(",") if m]
+
+
+def local_gpus() -> int:
+    """NVIDIA GPUs on this machine, as the driver lists them (no CUDA library is loaded)."""
+    from pathlib import Path
+
+    folder = Path("/proc/driver/nvidia/gpus")
+    return sum(1 for _ in folder.iterdir()) if folder.is_dir() else 0
+
+
+@check("engine.verl_runtime", ENGINE, "a verl launch that fails on a missing import or GPUs that are not there",
+       ["train"], host=True)  # fmt: skip
+def verl_runtime(ctx: Context) -> Verdict:
+    """verl, vLLM, torch and Ray importable by the run's Python, and (without RAY_ADDRESS, a head on this machine)
+    the GPUs the run asks for here; a cluster's GPUs are ``topology.ray_cluster``'s to check."""
+    import os
+    from pathlib import Path
+
+    c = train_config(ctx)
+    if c.engine != "verl":
+        return skip(f"ENGINE={c.engine} does not launch verl")
+    python = str(Path(c.venv_path) / "bin" / "python") if c.venv_path else None
+    missing = missing_modules(python)
+    where = f"VENV_PATH={c.venv_path}" if python else "this Python"
+    if missing:
+        return fatal(
+            f"{', '.join(missing)} cannot be imported by {where}: verl's trainer would fail at its first import.",
+            "install the GPU set (`./scripts/setup.sh --gpu` makes .venv-gpu) and set VENV_PATH to it.",
+        )
+    need = c.nnodes * c.ngpus_per_node
+    if c.ray_address or os.environ.get("RAY_ADDRESS"):
+        return ok(f"verl's runtime imports in {where}; the cluster's GPUs are checked by topology.ray_cluster")
+    have = local_gpus()
+    if have < need:
+        return fatal(
+            f"this machine has {have} GPU(s) and RAY_ADDRESS is unset, so the run's Ray head starts here; the run "
+            f"asks for {need} (NNODES={c.nnodes} × NGPUS_PER_NODE={c.ngpus_per_node}).",
+            "set RAY_ADDRESS to a GPU cluster, run on a GPU node, or lower NGPUS_PER_NODE.",
+        )
+    return ok(f"verl's runtime imports in {where}; {have} GPU(s) here for the {need} the run asks for")

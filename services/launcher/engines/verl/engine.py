@@ -1,0 +1,263 @@
+"""The runner's side of ENGINE=verl: launch verl's trainer and turn what it leaves behind into runctl's events.
+
+Phases: environment (the tasks, runctl's files in the run folder, the resolved config) → ray (attach to the run's
+cluster, or start a head; NNODES nodes and the GPUs the config asks for) → loop (verl's trainer as a child process in
+its own process group, attached to that cluster; while it runs, every ``poll_s``: its step log becomes ``step.done``
+and the outbox of runctl's plugins becomes ``checkpoint.saved``, ``trial.finished`` and ``plugin.failed``; verl's
+``vllm_server_*`` actors, once up, become ``replicas.ready``) → outputs (summary.json).
+
+A runner started again for the same run (its first died) launches verl again: verl resumes from its newest
+checkpoint (``trainer.resume_mode=auto``), and the events already published are skipped (steps by number, the rest
+by key). Cancelling stops verl's process group (SIGTERM, then SIGKILL after ``STOP_GRACE_S``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from runctl import verl as verl_contract
+from runctl.config import TrainConfig
+from runctl.events import CheckpointSaved, ReplicasReady, StepDone
+from services.launcher.engines.base import Outcome, RunContext
+from services.launcher.engines.verl.outbox import OutboxReader
+from services.launcher.engines.verl.prepare import prepare
+from services.launcher.engines.verl.steplog import StepLog
+from services.launcher.errors import EngineError
+from services.launcher.rollout import cluster as ray_cluster
+from services.launcher.trainer import checkpoints
+
+log = logging.getLogger(__name__)
+STOP_GRACE_S = 30.0
+LOG_FILE = Path("logs") / "verl.log"
+
+
+class VerlEngine:
+    """See the module docstring. ``argv`` replaces the trainer's command (tests start a stand-in that writes what
+    verl writes); ``poll_s`` is how often the run folder is read."""
+
+    name = "verl"
+
+    def __init__(self, argv: list[str] | None = None, poll_s: float = 1.0, discover_replicas: bool = True) -> None:
+        self.argv = argv
+        self.poll_s = poll_s
+        self.discover_replicas = discover_replicas
+
+    async def run(self, ctx: RunContext) -> Outcome:
+        from services.launcher.engines.local import run_log, select_tasks, write_resolved_config
+
+        config = ctx.config
+        if not isinstance(config, TrainConfig):
+            raise EngineError(
+                f"ENGINE=verl carries train runs; this is a {config.run_type} run. Fix: ENGINE=local for infer and "
+                "eval runs (it serves the model with vLLM on a GPU too).",
+                phase="environment",
+            )
+        attempt = int(ctx.progress.get("attempt", 0)) + 1
+        ctx.key_suffix = "" if attempt == 1 else f".attempt{attempt}"
+        await ctx.save(attempt=attempt)
+        async with AsyncExitStack() as stack:
+            stack.enter_context(run_log(ctx.run_dir / "logs" / "runner.log"))
+            await ctx.enter_phase("environment")
+            runtime_missing()
+            _, _, train = await asyncio.to_thread(select_tasks, config)
+            val = await asyncio.to_thread(val_tasks, config)
+            await asyncio.to_thread(prepare, config, ctx.run_dir, train, val)
+            write_resolved_config(config, ctx.run_dir, ctx.secret_values)
+            ctx.check_cancelled()
+
+            await ctx.enter_phase("ray")
+            found = await asyncio.to_thread(ray_cluster.connect, config.ray_address, config.nnodes)
+            stack.push_async_callback(asyncio.to_thread, ray_cluster.release)
+            need = float(config.nnodes * config.ngpus_per_node)
+            if found.num_gpus < need:
+                raise EngineError(
+                    f"the Ray cluster at {found.address} has {found.num_gpus:g} GPUs; the run asks for {need:g} "
+                    f"(NNODES={config.nnodes} × NGPUS_PER_NODE={config.ngpus_per_node}). Fix: add GPU nodes, or "
+                    "lower NNODES / NGPUS_PER_NODE.",
+                    phase="ray",
+                )
+            ready = found.ready(config.nnodes)
+            await ctx.emit(ready, "cluster" + ctx.key_suffix)
+            ctx.check_cancelled()
+
+            await ctx.enter_phase("loop", total=config.total_training_steps)
+            reader = Reader(ctx, config)
+            proc = self._launch(config, ctx.run_dir, found.address)
+            stack.callback(stop_group, proc)
+            watcher = None
+            if self.discover_replicas:
+                watcher = asyncio.create_task(watch_replicas(ctx, config, proc))
+                stack.callback(watcher.cancel)
+            while proc.poll() is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ctx.cancelled.wait(), self.poll_s)
+                await reader.drain()
+                if ctx.cancelled.is_set():
+                    await asyncio.to_thread(stop_group, proc)
+                    ctx.check_cancelled()
+            await reader.drain()
+            if proc.returncode != 0:
+                raise EngineError(
+                    f"verl's trainer exited with code {proc.returncode} after step {reader.steps.last_step}. Its "
+                    f"output is in {ctx.run_dir / LOG_FILE}; the end of it:\n{log_tail(ctx.run_dir / LOG_FILE)}\n"
+                    "Fix: correct what it names, then resume the run (verl continues from its last checkpoint).",
+                    phase="loop",
+                )
+            await ctx.enter_phase("outputs")
+            return write_outputs(ctx.run_dir, reader)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _launch(self, config: TrainConfig, run_dir: Path, ray_address: str) -> subprocess.Popen[bytes]:
+        argv = verl_contract.launch_argv(config, str(run_dir), sys.executable)
+        if self.argv is not None:
+            argv = [*self.argv, *argv[3:]]  # a stand-in trainer, with the same overrides
+        (run_dir / "verl" / "command.json").write_text(json.dumps(argv, indent=1))
+        env = {**os.environ, "RAY_ADDRESS": ray_address, "WANDB_MODE": config.wandb_mode}
+        if config.wandb_api_key:
+            env["WANDB_API_KEY"] = config.wandb_api_key  # verl's config reads it from here (runctl.verl)
+        out = (run_dir / LOG_FILE).open("ab")
+        try:
+            log.info("starting verl: %s", " ".join(argv[:3]))
+            return subprocess.Popen(
+                argv, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        finally:
+            out.close()
+
+
+class Reader:
+    """Publishes what verl and runctl's plugins left in the run folder since the last look."""
+
+    def __init__(self, ctx: RunContext, config: TrainConfig) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.steps = StepLog(ctx.run_dir / verl_contract.STEP_LOG, int(ctx.progress.get("verl_last_step", 0)))
+        self.outbox = OutboxReader(ctx.run_dir)
+        self.last_metrics: dict[str, float] = dict(ctx.progress.get("verl_last_metrics", {}))
+        self.announced: list[int] = list(ctx.progress.get("verl_checkpoints", []))
+
+    async def drain(self) -> None:
+        for step, metrics in await asyncio.to_thread(lambda: list(self.steps.poll())):
+            await self.ctx.emit(StepDone(step=step, metrics=metrics), f"step.{step}")
+            self.last_metrics = metrics
+            await self.ctx.save(verl_last_step=step, verl_last_metrics=metrics)
+        for path, key, payload in await asyncio.to_thread(self.outbox.pending):
+            await self.ctx.emit(payload, key)
+            if isinstance(payload, CheckpointSaved) and payload.step not in self.announced:
+                self.announced.append(payload.step)
+                await self.ctx.save(verl_checkpoints=self.announced)
+                await self.prune()
+            else:
+                await self.ctx.save()  # the count of trials published
+            self.outbox.sent(path)
+
+    async def prune(self) -> None:
+        """MAX_CKPT_TO_KEEP, never deleting a checkpoint whose eval run has not ended (verl is not told the limit,
+        since it cannot know which checkpoints an eval still reads)."""
+        keep = self.config.max_ckpt_to_keep
+        if keep is None:
+            return
+        pinned = await self.ctx.pinned_checkpoints()
+        for step in sorted(self.announced)[: max(0, len(self.announced) - keep)]:
+            if step not in pinned:
+                await asyncio.to_thread(shutil.rmtree, checkpoints.published_folder(self.ctx.run_dir, step), True)
+                self.announced.remove(step)
+        await self.ctx.save(verl_checkpoints=self.announced)
+
+
+async def watch_replicas(ctx: RunContext, config: TrainConfig, proc: subprocess.Popen[bytes]) -> None:
+    """``replicas.ready`` once verl's ``vllm_server_*`` actors serve (they start inside verl's set-up)."""
+    from services.proxy.replicas import ray_replica_addresses
+
+    while proc.poll() is None:
+        try:
+            found = await asyncio.to_thread(ray_replica_addresses, config.ray_address)
+        except Exception as e:  # Ray busy or restarting: look again
+            log.debug("looking for verl's servers: %s", e)
+            found = {}
+        if found:
+            ready = ReplicasReady(
+                addresses=sorted(found.values()),
+                dp=len(found),
+                tp=config.gen_tp,
+                model=config.served_model_name,
+                health="ok (verl's servers)",
+            )
+            await ctx.emit(ready, "replicas" + ctx.key_suffix)
+            return
+        await asyncio.sleep(5.0)
+
+
+def val_tasks(config: TrainConfig) -> list[Any]:
+    if not config.val_files:
+        return []
+    from runctl.tasks import load_index
+
+    tasks, errors = load_index(config.val_files).load_tasks()
+    if errors:
+        raise EngineError(f"VAL_FILES: {errors[0]}", phase="environment")
+    return tasks
+
+
+def runtime_missing() -> None:
+    """verl and vLLM are importable here (the GPU set, ``scripts/setup.sh --gpu``).
+
+    Raises:
+        EngineError: one is missing (phase ``environment``).
+    """
+    missing = [name for name in ("verl", "vllm", "torch") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise EngineError(
+            f"ENGINE=verl needs {', '.join(missing)} in the runner's Python ({sys.executable}). Fix: install the GPU "
+            "set (`./scripts/setup.sh --gpu`) and set VENV_PATH to it, or run on a node that has it.",
+            phase="environment",
+        )
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop verl's process group: SIGTERM, then SIGKILL after ``STOP_GRACE_S``."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+def write_outputs(run_dir: Path, reader: Reader) -> Outcome:
+    announced = sorted(reader.announced)
+    hf = [str(checkpoints.published_folder(run_dir, s) / "actor" / "huggingface") for s in announced]
+    summary: dict[str, Any] = {
+        "run_type": "train",
+        "engine": "verl",
+        "steps": reader.steps.last_step,
+        "checkpoints": hf,
+        "last_checkpoint": hf[-1] if hf else None,
+        "score_last_step": reader.last_metrics.get("critic/score/mean"),
+    }
+    body = {**summary, "last_step_metrics": reader.last_metrics}
+    (run_dir / "summary.json").write_text(json.dumps(body, indent=2) + "\n")
+    return Outcome(summary=summary, score=reader.last_metrics.get("critic/score/mean"))

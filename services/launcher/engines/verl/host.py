@@ -1,0 +1,160 @@
+"""What a verl agent-loop worker process needs to run runctl trials: the run's config, a sandbox backend, the proxy
+in front of verl's own vLLM servers, and the trial loop that infer and eval runs use.
+
+verl builds an agent loop object per sample, many per process; they share one ``TrialHost`` per run folder, made on
+first use inside the worker's event loop. The proxy finds verl's servers as the ``vllm_server_*`` Ray actors (the
+names verl gives them) unless upstream URLs are given (tests, and a cluster whose servers are reached otherwise).
+
+A trial's number is claimed by creating its folder (``trials/<task>/trial-<k>``; ``mkdir`` is atomic, also on a
+shared filesystem), so workers on many nodes, and a trainer resumed after a crash, never reuse one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from runctl.config import TrainConfig
+from runctl.config.models import is_secret
+from runctl.layout import trial_folder
+from runctl.tasks import Task, load_task
+from services.launcher.rollout.trials import LoopSettings, TrialLoop
+from services.proxy.server import ProxyServer
+from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
+
+log = logging.getLogger(__name__)
+CONFIG_FILE = Path("verl") / "runctl_config.json"
+
+
+def write_config(config: TrainConfig, run_dir: Path) -> Path:
+    """The run's config for the workers (secrets left out: no trial needs them)."""
+    values = {k: v for k, v in config.model_dump(mode="json").items() if not is_secret("train", k)}
+    path = run_dir / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(values, indent=1))
+    return path
+
+
+def read_config(run_dir: Path) -> TrainConfig:
+    return TrainConfig.model_validate(json.loads((run_dir / CONFIG_FILE).read_text()))
+
+
+@dataclass
+class TrialOutcome:
+    task: Task
+    number: int
+    record: dict[str, Any]
+    trajectory: dict[str, Any] | None
+
+
+class TrialHost:
+    """See the module docstring. ``get`` returns the one host of a run folder in this process."""
+
+    _hosts: dict[Path, TrialHost] = {}
+    _lock: asyncio.Lock | None = None
+
+    def __init__(self, run_dir: Path, config: TrainConfig, upstreams: list[str] | None) -> None:
+        self.run_dir = run_dir
+        self.config = config
+        self.upstreams = upstreams
+        self.trials_dir = run_dir / "trials"
+        self._stack = ExitStack()
+        self._tasks: dict[str, Task] = {}
+        self.proxy: ProxyServer | None = None
+        self.loop: TrialLoop | None = None
+        self._loops: dict[float, TrialLoop] = {}
+
+    @classmethod
+    async def get(cls, run_dir: Path, upstreams: list[str] | None = None) -> TrialHost:
+        if cls._lock is None:
+            cls._lock = asyncio.Lock()
+        async with cls._lock:
+            host = cls._hosts.get(run_dir)
+            if host is None:
+                host = cls(run_dir, await asyncio.to_thread(read_config, run_dir), upstreams)
+                await host.start()
+                cls._hosts[run_dir] = host
+            return host
+
+    @classmethod
+    async def close_all(cls) -> None:
+        for host in list(cls._hosts.values()):
+            await host.close()
+        cls._hosts.clear()
+
+    async def start(self) -> None:
+        from services.launcher.engines.local import loop_settings  # the same trial settings as a local run's
+
+        config = self.config
+        settings: LoopSettings = loop_settings(config)
+        backend, image_for = self._stack.enter_context(
+            open_backend(CONFIG_BACKENDS[config.backend], BackendSettings.of(config))
+        )
+        self.proxy = ProxyServer(
+            self.upstreams or (), served_model=None, discover_ray=not self.upstreams, ray_address=None
+        )
+        await self.proxy.start()
+        self._parts = (backend, image_for, {"runctl.team": config.team, "runctl.run": self.run_dir.name})
+        self._settings = settings
+        self.loop = self._make(settings)
+        self._loops[settings.temperature] = self.loop
+
+    def _make(self, settings: LoopSettings) -> TrialLoop:
+        backend, image_for, labels = self._parts
+        return TrialLoop([], self.trials_dir, settings, backend, image_for, self.proxy, labels, _unused)
+
+    def loop_for(self, temperature: float | None) -> TrialLoop:
+        """The trial loop of samples drawn at ``temperature`` (what verl asks for: TEMPERATURE while training,
+        VAL_TEMPERATURE in its validation, whose agents get VAL_AGENT_TIMEOUT_SEC)."""
+        t = self.config.temperature if temperature is None else float(temperature)
+        if t not in self._loops:
+            timeout = self.config.agent_timeout_sec
+            if t == self.config.val_temperature and t != self.config.temperature:
+                timeout = self.config.val_agent_timeout_sec
+            self._loops[t] = self._make(replace(self._settings, temperature=t, agent_timeout_s=float(timeout)))
+        return self._loops[t]
+
+    async def close(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.close()
+        for loop in self._loops.values():
+            loop.executor.shutdown(wait=False)
+            loop.http.close()
+        self._stack.close()
+
+    def task(self, path: str) -> Task:
+        if path not in self._tasks:
+            self._tasks[path] = load_task(path)
+        return self._tasks[path]
+
+    def claim(self, task: Task) -> int:
+        """The next trial number of ``task`` not taken by any worker (its folder is created here)."""
+        k = 0
+        while True:
+            folder = trial_folder(self.trials_dir, task.id, k)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                folder.mkdir()
+                return k
+            except FileExistsError:
+                k += 1
+
+    async def run_trial(self, task_path: str, temperature: float | None = None) -> TrialOutcome:
+        """One trial of the task at ``task_path``: sandbox, agent through the proxy (sampling at ``temperature``),
+        verifier."""
+        task = await asyncio.to_thread(self.task, task_path)
+        number = await asyncio.to_thread(self.claim, task)
+        record = await self.loop_for(temperature).trial(task, number)
+        folder = trial_folder(self.trials_dir, task.id, number)
+        trajectory_path = folder / "trajectory.json"
+        trajectory = json.loads(trajectory_path.read_text()) if trajectory_path.is_file() else None
+        return TrialOutcome(task, number, record, trajectory)
+
+
+async def _unused(record: dict[str, Any]) -> None:  # the agent loop hands trials on through the outbox
+    raise AssertionError("TrialHost publishes through the outbox")

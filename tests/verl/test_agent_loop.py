@@ -1,0 +1,106 @@
+"""runctl's agent loop inside verl's own AgentLoopWorker, on CPU: verl's dataset reads runctl's rows, verl's worker
+runs runctl's loop for each sample (a real sandbox, the terminal agent, a proxy session over a stand-in vLLM server),
+and verl's own postprocessing turns the outputs into the batch it trains on. The batch must hold exactly what the
+proxy captured (tokens, loss mask, logprobs) and the verifier's rewards; the trials must be handed to the runner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runctl.events import TrialFinished
+from runctl.layout import TRAJECTORY, TRIAL_RECORD, trial_folder
+from runctl.tasks import load_index
+from services.launcher.engines.verl.host import TrialHost
+from services.launcher.engines.verl.outbox import OutboxReader
+from services.launcher.engines.verl.prepare import prepare
+from tests.infra.fake_vllm import FakeVLLM
+from tests.verl.conftest import EXAMPLE_TASKS, composed, verl_train_config
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)"
+    ),
+]
+
+
+class ServerManagerNotUsed:
+    """verl's token-level server client: runctl's loop talks to the servers through the proxy instead."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        raise AssertionError("runctl's agent loop must reach the policy through the proxy")
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeVLLM]:
+    # Every tool call the stand-in server makes runs this command: say-yes passes, the other tasks do not.
+    server = FakeVLLM(tool_arguments=json.dumps({"command": "echo yes > /app/answer.txt"}))
+    await server.start()
+    yield server
+    await server.close()
+    await TrialHost.close_all()
+
+
+async def test_verl_trains_on_exactly_what_the_proxy_captured_and_the_verifiers_rewards(
+    tmp_path: Path, upstream: FakeVLLM
+) -> None:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    config = verl_train_config()
+    tasks, errors = load_index(EXAMPLE_TASKS).load_tasks()
+    assert not errors
+    run_dir = tmp_path / "run"
+    prepare(config, run_dir, tasks, [])
+    verl_config = composed(config, run_dir)
+    # The stand-in server, instead of discovering verl's vllm_server_* actors (no Ray here).
+    registry = run_dir / "verl" / "agent_loops.yaml"
+    registry.write_text(registry.read_text() + f"  upstreams: [{upstream.url}]\n")
+
+    manager = ServerManagerNotUsed()
+    worker = AgentLoopWorker(verl_config, manager)
+    dataset = RLHFDataset([str(run_dir / "verl" / "train.parquet")], worker.tokenizer, verl_config.data)
+    assert len(dataset) == len(tasks)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
+    batch = batch.repeat(repeat_times=config.n_resp, interleave=True)  # as verl's trainer does before a rollout
+    out = await worker.generate_sequences(batch)
+
+    assert manager.calls == 0
+    samples = len(tasks) * config.n_resp
+    assert out.batch["responses"].shape[0] == samples
+    seen = set()
+    for i in range(samples):
+        task, number = out.non_tensor_batch["runctl_trial"][i].rsplit("/", 1)
+        folder = trial_folder(run_dir / "trials", task, int(number))
+        record = json.loads((folder / TRIAL_RECORD).read_text())
+        (sequence,) = json.loads((folder / TRAJECTORY).read_text())["sequences"]
+        n = len(sequence["response_token_ids"])
+        assert out.batch["responses"][i][:n].tolist() == sequence["response_token_ids"]
+        assert out.batch["response_mask"][i].tolist() == sequence["response_mask"] + [0] * (config.max_resp - n)
+        assert out.batch["rollout_log_probs"][i][:n].tolist() == pytest.approx(sequence["response_logprobs"])
+        prompt = sequence["prompt_token_ids"]
+        assert out.batch["prompts"][i][-len(prompt) :].tolist() == prompt
+        # verl's reward stage is skipped: the verifier's reward sits on the last response token.
+        assert out.batch["rm_scores"][i][n - 1].item() == record["reward"]
+        assert out.batch["rm_scores"][i].sum().item() == record["reward"]
+        assert record["reward"] == (1.0 if task.endswith("say-yes") else 0.0)
+        assert 0 in sequence["response_mask"] and 1 in sequence["response_mask"]  # a tool's output was masked out
+        seen.add((task, int(number)))
+    assert seen == {(t.id, k) for t in tasks for k in range(config.n_resp)}
+
+    handed = OutboxReader(run_dir).pending()
+    assert sorted(key for _, key, _ in handed) == sorted(f"trial.{t}.{k}" for t, k in seen)
+    for _, _, payload in handed:
+        assert isinstance(payload, TrialFinished)
+        assert payload.reward == (1.0 if payload.task.endswith("say-yes") else 0.0)

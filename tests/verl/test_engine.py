@@ -1,0 +1,73 @@
+"""The runner's side of ENGINE=verl for real — its phases, a Ray head (in the loopback-only namespace), verl's
+trainer as a child process group — with the stand-in trainer in verl's place (``stand_in_trainer.py``: verl's own
+config composition, file logger and checkpoint-callback loader, no GPU). A trainer that dies is resumed by a second
+runner: every step and checkpoint is published exactly once, with the figures first published."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runctl.events import CheckpointSaved, ClusterReady, StepDone
+from runctl.events.payloads import Payload
+from services.launcher.engines.base import RunContext
+from services.launcher.engines.verl.engine import VerlEngine
+from services.launcher.errors import EngineError
+from tests.infra import ray_head as ray_infra
+from tests.verl.conftest import verl_train_config
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(ray_infra.why_unavailable() is not None, reason=str(ray_infra.why_unavailable())),
+]
+STAND_IN = [sys.executable, str(Path(__file__).parent / "stand_in_trainer.py")]
+
+
+def context(run_dir: Path, progress: dict[str, Any], published: list[tuple[str, Payload]]) -> RunContext:
+    async def emit(payload: Payload, key: str) -> None:
+        published.append((key, payload))
+
+    async def save(state: dict[str, Any]) -> None:
+        progress.update(state)
+
+    config = verl_train_config(NGPUS_PER_NODE=0, TOTAL_TRAINING_STEPS=5, SAVE_FREQ=2, MAX_CKPT_TO_KEEP=2)
+    return RunContext("r1", "team", config, run_dir, emit, save, progress=dict(progress))
+
+
+async def test_each_step_and_checkpoint_is_published_once_across_a_trainer_that_died(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    engine = VerlEngine(argv=STAND_IN, poll_s=0.1, discover_replicas=False)
+    published: list[tuple[str, Payload]] = []
+    progress: dict[str, Any] = {}
+    monkeypatch.setenv("STAND_IN_DIE_AFTER", "3")
+    first = context(run_dir, progress, published)
+    with pytest.raises(EngineError) as died:
+        await engine.run(first)
+    assert died.value.phase == "loop" and "exited with code 1 after step 3" in str(died.value)
+    assert (run_dir / "logs" / "verl.log").is_file()
+    monkeypatch.delenv("STAND_IN_DIE_AFTER")
+
+    outcome = await engine.run(context(run_dir, first.progress, published))
+    keys = [key for key, _ in published]
+    assert [k for k in keys if k.startswith("step.")] == [f"step.{s}" for s in (1, 2, 3, 4, 5)]
+    assert [k for k in keys if k.startswith("checkpoint.")] == ["checkpoint.2", "checkpoint.4", "checkpoint.5"]
+    figures = {p.step: p.metrics for _, p in published if isinstance(p, StepDone)}
+    assert figures[3]["critic/score/mean"] == pytest.approx(0.3)  # first published; the resumed run's 0.8 is not
+    assert figures[5]["critic/score/mean"] == pytest.approx(1.0)
+    assert "val/generations" not in figures[1]
+    saved = [p for _, p in published if isinstance(p, CheckpointSaved)]
+    assert [c.path for c in saved] == [
+        str(run_dir / "checkpoints" / f"global_step_{s}" / "actor" / "huggingface") for s in (2, 4, 5)
+    ]
+    assert all(c.num_bytes > 1000 * c.step for c in saved)
+    assert sum(isinstance(p, ClusterReady) for _, p in published) == 2
+    # MAX_CKPT_TO_KEEP=2: the oldest went once the third was announced.
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("global_step_*")) == ["global_step_4", "global_step_5"]
+    assert outcome.summary["steps"] == 5
+    assert outcome.summary["last_checkpoint"] == saved[-1].path
+    assert outcome.score == pytest.approx(1.0)
