@@ -7,6 +7,7 @@ verl's own config tree before a GPU is touched, and the launcher's verl engine l
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from typing import Any
@@ -50,8 +51,16 @@ def hydra_value(value: Any) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def with_absolute_paths(config: TrainConfig) -> TrainConfig:
+    """The config with its paths made absolute against this process's folder: verl's processes run elsewhere (Ray
+    actors with working folders of their own, on other nodes), where a relative path would mean something else."""
+    keys = ("model_path", "venv_path", "train_files", "val_files")
+    return config.model_copy(update={k: os.path.abspath(v) for k in keys if (v := getattr(config, k))})
+
+
 def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
-    """The ``key=value`` overrides of verl's ``ppo_trainer`` config for a sync train run."""
+    """The ``key=value`` overrides of verl's ``ppo_trainer`` config for a sync train run (paths made absolute)."""
+    config = with_absolute_paths(config)
     utilisation = config.gpu_mem_util or (0.85 if config.training_mode == "async" else 0.6)
     loggers = [name.strip() for name in config.logger.split(",") if name.strip()]
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
@@ -136,7 +145,8 @@ def agent_loops_yaml(run_dir: str) -> str:
 def launch_argv(config: TrainConfig, run_dir: str, python: str) -> list[str]:
     """What the runner starts: VENV_PATH's Python (else ``python``, the runner's own), verl's sync or fully async
     entry point, and the overrides. The runner adds ``RAY_ADDRESS`` (the run's cluster) to its environment."""
-    interpreter = f"{config.venv_path.rstrip('/')}/bin/python" if config.venv_path else python
+    venv = with_absolute_paths(config).venv_path
+    interpreter = f"{venv.rstrip('/')}/bin/python" if venv else python
     entry = ASYNC_ENTRYPOINT if config.training_mode == "async" else ENTRYPOINT
     return [interpreter, "-m", entry, *verl_overrides(config, run_dir)]
 

@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Create .venv in the clone and install runctl with its dev tools; a no-op when pyproject.toml is unchanged.
+# Create .venv in the clone and install runctl with its dev tools (the CPU set); a no-op when pyproject.toml is
+# unchanged.
+#
+# --gpu: instead, .venv-gpu with runctl and the GPU set for ENGINE=verl (verl with the vLLM, torch and transformers
+# its own vllm extra pins), on a machine with NVIDIA GPUs. Point a verl run's VENV_PATH at it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -7,6 +11,29 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; th
   echo "runctl needs Python >= 3.11 (found: $("$PY" --version 2>&1)). Set PYTHON=/path/to/python3.11." >&2
   exit 1
 fi
+case "${1:-}" in
+  "") ;;
+  --gpu)
+    if [ ! -x .venv-gpu/bin/python ]; then
+      "$PY" -m venv .venv-gpu
+    fi
+    stamp=.venv-gpu/.runctl-installed
+    want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+      echo "installing runctl and the GPU set (verl, vLLM, CUDA torch: several GB) into .venv-gpu ..."
+      .venv-gpu/bin/python -m pip install --quiet --disable-pip-version-check -e ".[gpu]" \
+        --config-settings editable_mode=compat
+      echo "$want" > "$stamp"
+    fi
+    .venv-gpu/bin/python -c 'import verl, vllm, torch; print(f"verl {verl.__version__}, vllm {vllm.__version__}, '\
+'torch {torch.__version__}, CUDA GPUs: {torch.cuda.device_count()}")'
+    exit 0
+    ;;
+  *)
+    echo "usage: scripts/setup.sh [--gpu]" >&2
+    exit 2
+    ;;
+esac
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

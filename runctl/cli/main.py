@@ -427,6 +427,14 @@ def demo(
             "(what ./scripts/demo.sh runs); prints every checkpoint's pass@1 beside the base model's.",
         ),
     ] = False,
+    gpu: Annotated[
+        bool,
+        typer.Option(
+            "--gpu",
+            help="Instead: two GRPO steps through verl on one GPU with an eval run on every checkpoint (what "
+            "./scripts/gpu_smoke.sh runs); prints the events, the step times and the scores.",
+        ),
+    ] = False,
 ) -> None:
     """Bring the stack up if needed, submit the preview example and follow it to the end."""
     from runctl import stack
@@ -441,12 +449,15 @@ def demo(
         )
         state = stack.start(base, *ports)
         _console().print(f"[green]stack up[/] in {base}: bus {state.nats_url}, tracker {state.tracker_url}")
-    if cpu:
+    if cpu or gpu:
         from runctl.cli.cpudemo import Demo
+        from runctl.cli.gpusmoke import GpuSmoke
+
+        kind = GpuSmoke if gpu else Demo
 
         async def go() -> int:
             async with _client() as client:
-                return await Demo(client, _console(), base / "demo").run()
+                return await kind(client, _console(), base / "demo").run()
 
         _run(go)
         return

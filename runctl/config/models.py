@@ -355,6 +355,9 @@ class EvalDataSection(Section):
     """Most tokens per model call."""
     n_concurrent: int = Field(16, ge=1)
     """Trials in flight at once."""
+    gpu_mem_util: float | None = Field(None, gt=0, le=1)
+    """Share of GPU memory vLLM may take; unset means vLLM's default (0.9). A checkpoint's eval run gets its train
+    run's, as it shares the GPUs with the training."""
     vllm_ready_timeout: int = Field(900, ge=1)
     """Seconds to wait for the vLLM server to become ready."""
     parent_run: str | None = None

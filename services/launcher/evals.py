@@ -49,7 +49,7 @@ DEFAULT_CAP = 2
 EvalState = Literal["queued", "submitted", "ended"]
 #: Keys an eval run of a checkpoint is given its own value for (the rest come from the train run, where they apply).
 OWN_KEYS = {"RUN_TYPE", "EXP_NAME", "MODEL_PATH", "DATASET_PATH", "N_TRIALS", "EVAL_TEMPERATURE", "N_CONCURRENT"}
-OWN_KEYS |= {"PARENT_RUN", "CHECKPOINT_STEP", "OUTPUT_DIR", "VLLM_READY_TIMEOUT"}
+OWN_KEYS |= {"PARENT_RUN", "CHECKPOINT_STEP", "OUTPUT_DIR", "VLLM_READY_TIMEOUT", "ENGINE"}
 
 
 @dataclass
@@ -128,6 +128,8 @@ def eval_config_text(parent: ConfigSubmitted, parent_run: str, config: TrainConf
             lines.append(f"{key}={quote(value)}")
     own = {
         "RUN_TYPE": "eval",
+        # ENGINE=local serves the checkpoint with vLLM (on a GPU for a verl run's): verl carries train runs only.
+        "ENGINE": "local",
         "EXP_NAME": f"{config.exp_name}-eval-step{step}",
         "MODEL_PATH": checkpoint,
         "DATASET_PATH": str(config.eval_dataset),

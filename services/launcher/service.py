@@ -40,8 +40,9 @@ from services.launcher.ledger import Ledger, LedgerEntry
 
 log = logging.getLogger(__name__)
 
-#: Engines whose runs the launcher carries as Ray jobs (ENGINE=fake runs in the launcher itself: it has no Ray).
-JOB_ENGINES = frozenset({"local"})
+#: Engines whose runs the launcher carries as Ray jobs on the cluster (ENGINE=fake runs in the launcher itself: it has
+#: no Ray).
+JOB_ENGINES = frozenset({"local", "verl"})
 CONSUMER = ConsumerSpec(
     durable="launcher",
     stream=RUNS_STREAM,

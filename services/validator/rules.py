@@ -212,7 +212,7 @@ LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
     ),
     NotBuilt(
         "GPU_MEM_UTIL",
-        lambda c: _local_train(c) and c.ngpus_per_node == 0 and _set(c, "gpu_mem_util"),
+        lambda c: c.engine == "local" and c.ngpus_per_node == 0 and _set(c, "gpu_mem_util"),
         "vLLM on CPU has no GPU memory to share (its KV cache is VLLM_CPU_KVCACHE_SPACE in the environment)",
         "remove GPU_MEM_UTIL",
     ),

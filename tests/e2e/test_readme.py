@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -124,6 +125,33 @@ def test_the_train_block_is_what_the_demo_runs() -> None:
     assert lines == ["runctl up", "runctl demo --cpu"]
     demo = (ROOT / "scripts" / "demo.sh").read_text()
     assert demo.rstrip().endswith("\n".join(f".venv/bin/{line}" for line in lines))
+
+
+def test_the_gpu_block_runs_as_written_and_says_what_a_cpu_machine_lacks(tmp_path: Path) -> None:
+    lines = commands(blocks("bash")[5])
+    assert lines == ["./scripts/gpu_smoke.sh", "runctl validate --dry-run configs/examples/train-gpu.env"]
+    env = env_for(tmp_path / "home")
+    if (Path("/proc/driver/nvidia/gpus")).is_dir():
+        pytest.skip("this machine has an NVIDIA GPU: the smoke check would run for real (run it by hand)")
+    had_gpu_set = (ROOT / ".venv-gpu").exists()
+    smoke = run(lines[0], ROOT, env, timeout=60)
+    assert smoke.returncode == 1 and smoke.stdout == ""
+    assert smoke.stderr.count("\n") == 1 and "needs an NVIDIA GPU" in smoke.stderr and "Fix:" in smoke.stderr
+    assert (ROOT / ".venv-gpu").exists() == had_gpu_set  # it stopped before installing anything
+
+    dry = run(lines[1], ROOT, env, timeout=120)
+    assert "Traceback" not in dry.stdout + dry.stderr
+    fatal = [line for line in dry.stdout.splitlines() if line.startswith("✗")]
+    if (ROOT / ".venv-gpu" / "bin" / "python").exists():
+        assert dry.returncode in (0, 1)  # a GPU set here; no GPU, so engine.verl_runtime may refuse
+    else:  # no GPU set here: the two checks that say so, and nothing else
+        assert dry.returncode == 1 and [f.split()[1] for f in fatal] == ["paths.inputs", "engine.verl_runtime"]
+    argv = shlex.split(dry.stdout.strip().splitlines()[-1])
+    assert argv[0] == str(ROOT / ".venv-gpu" / "bin" / "python") and argv[1:3] == ["-m", "verl.trainer.main_ppo"]
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=runctl" in argv
+    assert "trainer.checkpoint_callback_class=services.launcher.engines.verl.callback.CheckpointAnnouncer" in argv
+    assert "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]" in argv
+    assert f"actor_rollout_ref.model.path={ROOT / '.cache' / 'tinymodel'}" in argv
 
 
 @pytest.mark.vllm

@@ -21,6 +21,7 @@ DATA = ROOT / "tests" / "data"
 
 #: Key → the modules that read it (as ``<something>.<field>``), for keys honoured for ENGINE=local infer and eval.
 HONOURED: dict[str, tuple[str, ...]] = {
+    "GPU_MEM_UTIL": ("services/launcher/rollout/replicas.py",),  # on a GPU; refused on CPU
     "RUN_TYPE": ("runctl/config/loader.py",),
     "TEAM": ("services/launcher/carry/foreground.py", "services/launcher/service.py"),
     "ENGINE": ("services/launcher/carry/lifecycle.py",),
@@ -99,7 +100,6 @@ HONOURED_TRAIN: dict[str, tuple[str, ...]] = {
     "LR_WARMUP_STEPS": ("services/launcher/trainer/settings.py",),
     "CLIP_RATIO_LOW": ("services/launcher/trainer/settings.py",),
     "CLIP_RATIO_HIGH": ("services/launcher/trainer/settings.py",),
-    "GPU_MEM_UTIL": ("services/launcher/rollout/replicas.py",),  # on a GPU; refused on CPU below
     "TEMPERATURE": ("services/launcher/engines/local.py", "services/launcher/trainer/settings.py"),
     "AGENT_NUM_WORKERS": ("services/launcher/engines/local.py",),
     "TRAJ_FILTER_TIMEOUT": ("services/launcher/trainer/loop.py",),

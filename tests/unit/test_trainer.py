@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from runctl.config import TrainConfig, load_config
+from runctl.config import TrainConfig, load_config, resolve_text
 from runctl.config.loader import validate_settings
 from runctl.events import ConfigSubmitted
 from services.launcher.evals import eval_config_text, eval_run_id
@@ -234,3 +234,21 @@ def test_the_task_order_is_fixed_for_the_whole_run_and_reshuffled_each_epoch() -
     epochs = [order[i : i + 4] for i in range(0, 12, 4)]
     assert all(len(set(e)) == 4 for e in epochs) and len({tuple(e) for e in epochs}) > 1
     assert len(task_order(train_config(TRAIN_BSZ=2, TOTAL_TRAINING_STEPS=5), tasks)) == 10
+
+
+def test_a_verl_run_s_checkpoints_are_evaluated_by_the_local_engine_on_the_same_gpus() -> None:
+    config = train_config(ENGINE="verl", NGPUS_PER_NODE=1, GEN_TP=1, GPU_MEM_UTIL=0.3, EVAL_ON_CHECKPOINT=1,
+                          EVAL_DATASET="/data/held-out", VENV_PATH="/opt/gpu")  # fmt: skip
+    resolved = {
+        k.upper(): {"value": str(v), "layer": "run", "source": "x"}
+        for k, v in config.model_dump(by_alias=True).items()
+        if k.lower() in config.model_fields_set
+    }
+    parent = ConfigSubmitted(
+        run_type="train", project_name="p", exp_name="e", engine="verl", config_path="x", raw_config="",
+        resolved=resolved, submitter="me",
+    )  # fmt: skip
+    text = eval_config_text(parent, "e-1", config, 2, "/runs/e/checkpoints/global_step_2/actor/huggingface")
+    evaluated = resolve_text(text, "eval.env", environ={}).model
+    assert evaluated.engine == "local" and text.count("ENGINE=") == 1
+    assert (evaluated.ngpus_per_node, evaluated.gpu_mem_util, evaluated.venv_path) == (1, 0.3, "/opt/gpu")

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from runctl.config import RunConfig, TrainConfig
+from runctl.config import EvalConfig, RunConfig, TrainConfig
 from services.launcher.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def vllm_argv(config: RunConfig, python: str, host: str, port: int) -> list[str]
             argv += ["--dtype", "float32"]
     else:
         argv += ["--tensor-parallel-size", str(config.gen_tp)]
-        share = config.gpu_mem_util if isinstance(config, TrainConfig) else None
+        share = config.gpu_mem_util if isinstance(config, TrainConfig | EvalConfig) else None  # infer: vLLM's own
         if share:
             argv += ["--gpu-memory-utilization", str(share)]
     return argv

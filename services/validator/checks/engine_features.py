@@ -141,7 +141,10 @@ def missing_modules(python: str | None, modules: tuple[str, ...] = VERL_RUNTIME)
 
     if python is None:
         return [m for m in modules if importlib.util.find_spec(m) is None]
-    found = subprocess.run([python, "-c", _PROBE, *modules], capture_output=True, text=True, timeout=60)
+    try:
+        found = subprocess.run([python, "-c", _PROBE, *modules], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):  # no such interpreter, or one that hangs
+        return list(modules)
     if found.returncode != 0:
         return list(modules)
     return [m for m in found.stdout.strip().split(",") if m]

@@ -27,7 +27,7 @@ def rows(tasks: list[Task]) -> list[dict[str, object]]:
             "agent_name": AGENT_NAME,
             "prompt": [{"role": "user", "content": task.instruction}],
             "reward_model": {"style": "runctl-verifier", "ground_truth": ""},
-            "extra_info": {"index": i, "task_id": task.id, "task_path": str(task.path)},
+            "extra_info": {"index": i, "task_id": task.id, "task_path": str(task.path.resolve())},
         }
         for i, task in enumerate(tasks)
     ]

@@ -120,7 +120,7 @@ class VerlEngine:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _launch(self, config: TrainConfig, run_dir: Path, ray_address: str) -> subprocess.Popen[bytes]:
-        argv = verl_contract.launch_argv(config, str(run_dir), sys.executable)
+        argv = verl_contract.launch_argv(config, str(run_dir.resolve()), sys.executable)
         if self.argv is not None:
             argv = [*self.argv, *argv[3:]]  # a stand-in trainer, with the same overrides
         (run_dir / "verl" / "command.json").write_text(json.dumps(argv, indent=1))

@@ -24,6 +24,6 @@ def prepare(config: TrainConfig, run_dir: Path, train: list[Task], val: list[Tas
     dataset.write(train, run_dir / verl_contract.TRAIN_FILE)
     dataset.write(val or train, run_dir / verl_contract.VAL_FILE)
     registry = run_dir / verl_contract.AGENT_LOOPS_FILE
-    registry.write_text(verl_contract.agent_loops_yaml(str(run_dir)))
-    write_config(config, run_dir)
+    registry.write_text(verl_contract.agent_loops_yaml(str(run_dir.resolve())))
+    write_config(verl_contract.with_absolute_paths(config), run_dir)
     (run_dir / verl_contract.STEP_LOG).parent.mkdir(parents=True, exist_ok=True)
