@@ -86,6 +86,7 @@ class TrialHost:
         for host in list(cls._hosts.values()):
             await host.close()
         cls._hosts.clear()
+        cls._lock = None  # bound to this event loop
 
     async def start(self) -> None:
         from services.launcher.engines.local import loop_settings  # the same trial settings as a local run's
