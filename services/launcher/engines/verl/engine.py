@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -69,8 +68,7 @@ class VerlEngine:
         await ctx.save(attempt=attempt)
         async with AsyncExitStack() as stack:
             stack.enter_context(run_log(ctx.run_dir / "logs" / "runner.log"))
-            await ctx.enter_phase("environment")
-            runtime_missing()
+            await ctx.enter_phase("environment")  # verl's runtime was probed by the runner's own validator pass
             _, _, train = await asyncio.to_thread(select_tasks, config)
             val = await asyncio.to_thread(val_tasks, config)
             await asyncio.to_thread(prepare, config, ctx.run_dir, train, val)
@@ -95,7 +93,7 @@ class VerlEngine:
             await ctx.enter_phase("loop", total=config.total_training_steps)
             reader = Reader(ctx, config)
             proc = self._launch(config, ctx.run_dir, found.address)
-            stack.callback(stop_group, proc)
+            stack.push_async_callback(asyncio.to_thread, stop_group, proc)
             watcher = None
             if self.discover_replicas:
                 watcher = asyncio.create_task(watch_replicas(ctx, config, proc))
@@ -209,21 +207,6 @@ def val_tasks(config: TrainConfig) -> list[Any]:
     if errors:
         raise EngineError(f"VAL_FILES: {errors[0]}", phase="environment")
     return tasks
-
-
-def runtime_missing() -> None:
-    """verl and vLLM are importable here (the GPU set, ``scripts/setup.sh --gpu``).
-
-    Raises:
-        EngineError: one is missing (phase ``environment``).
-    """
-    missing = [name for name in ("verl", "vllm", "torch") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise EngineError(
-            f"ENGINE=verl needs {', '.join(missing)} in the runner's Python ({sys.executable}). Fix: install the GPU "
-            "set (`./scripts/setup.sh --gpu`) and set VENV_PATH to it, or run on a node that has it.",
-            phase="environment",
-        )
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
