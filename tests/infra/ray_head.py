@@ -89,3 +89,29 @@ def ray_head(num_cpus: int = 1, num_gpus: int = 0, dashboard_port: int | None = 
             pass
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+_SERVER_ACTOR = """
+import sys, ray
+ray.init(address=sys.argv[1], namespace="verl")
+
+@ray.remote
+class Server:
+    def __init__(self, port):
+        self.port = port
+    def get_server_address(self):
+        return "127.0.0.1", self.port
+
+Server.options(name="vllm_server_0_0", lifetime="detached", num_cpus=0).remote(int(sys.argv[2]))
+ray.get(ray.get_actor("vllm_server_0_0").get_server_address.remote())
+"""
+
+
+def start_server_actor(head: RayHead, port: int) -> None:
+    """A detached actor named as verl names its vLLM servers (``vllm_server_0_0``, namespace ``verl``) whose
+    ``get_server_address`` names ``127.0.0.1:port``, made by a driver of its own as verl's trainer makes them."""
+    made = subprocess.run(
+        [sys.executable, "-c", _SERVER_ACTOR, head.gcs_address, str(port)], capture_output=True, text=True, timeout=120
+    )
+    if made.returncode != 0:
+        raise RuntimeError(f"the stand-in server actor was not made: {made.stderr[-2000:]}")

@@ -97,34 +97,12 @@ async def test_runctl_proxy_serve_writes_open_sessions_on_shutdown(fake: FakeVLL
     assert len(written["turns"]) == 1 and written["closed_at"]
 
 
-DRIVER = """
-import sys, ray
-ray.init(address=sys.argv[1], namespace="verl")
-
-@ray.remote
-class Server:
-    def __init__(self, port):
-        self.port = port
-    def get_server_address(self):
-        return "127.0.0.1", self.port
-
-Server.options(name="vllm_server_0_0", lifetime="detached", num_cpus=0).remote(int(sys.argv[2]))
-ray.get(ray.get_actor("vllm_server_0_0").get_server_address.remote())
-"""
-
-
 async def test_replicas_are_discovered_from_ray_named_actors(fake: FakeVLLM, tmp_path: Path) -> None:
     reason = ray_head.why_unavailable()
     if reason:
         pytest.skip(reason)
     with ray_head.ray_head() as head:
-        driver = subprocess.run(
-            [sys.executable, "-c", DRIVER, head.gcs_address, str(fake.server.port)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert driver.returncode == 0, driver.stderr[-2000:]
+        ray_head.start_server_actor(head, fake.server.port)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "RUNCTL_PROXY_ADMIN_TOKEN": "adm"}
         proc, url, token = start_cli(
             ["--discover-ray", "--ray-address", head.gcs_address, "--port", str(free_port())], env

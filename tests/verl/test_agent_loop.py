@@ -104,3 +104,36 @@ async def test_verl_trains_on_exactly_what_the_proxy_captured_and_the_verifiers_
     for _, _, payload in handed:
         assert isinstance(payload, TrialFinished)
         assert payload.reward == (1.0 if payload.task.endswith("say-yes") else 0.0)
+
+
+async def test_the_loop_finds_verls_servers_as_their_ray_actors(
+    tmp_path: Path, upstream: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As inside verl: no server URL is given; the proxy finds the vllm_server_* actor (here a stand-in that names the
+    # stand-in server, made by a driver as verl's trainer makes its servers).
+    import ray
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    from tests.infra import ray_head
+
+    if ray_head.why_unavailable():
+        pytest.skip(str(ray_head.why_unavailable()))
+    config = verl_train_config(TRAIN_BSZ=1, TRAIN_MINI_BSZ=1, N_RESP=1)
+    (task,) = [t for t in load_index(EXAMPLE_TASKS).load_tasks()[0] if t.id.endswith("say-yes")]
+    run_dir = tmp_path / "run"
+    prepare(config, run_dir, [task], [])
+    with ray_head.ray_head() as head:
+        ray_head.start_server_actor(head, upstream.server.port)
+        monkeypatch.setenv("RAY_ADDRESS", head.gcs_address)
+        try:
+            verl_config = composed(config, run_dir)
+            worker = AgentLoopWorker(verl_config, ServerManagerNotUsed())
+            dataset = RLHFDataset([str(run_dir / "verl" / "train.parquet")], worker.tokenizer, verl_config.data)
+            out = await worker.generate_sequences(DataProto.from_single_dict(collate_fn([dataset[0]])))
+        finally:
+            await TrialHost.close_all()
+            ray.shutdown()
+    assert out.batch["rm_scores"].sum().item() == 1.0
+    assert out.non_tensor_batch["runctl_trial"][0].endswith("say-yes/0")

@@ -23,12 +23,14 @@ from runctl.config import TrainConfig
 from runctl.config.models import is_secret
 from runctl.layout import trial_folder
 from runctl.tasks import Task, load_task
+from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import LoopSettings, TrialLoop
 from services.proxy.server import ProxyServer
 from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = Path("verl") / "runctl_config.json"
+READY_TIMEOUT_S = 300.0
 
 
 def write_config(config: TrainConfig, run_dir: Path) -> Path:
@@ -100,6 +102,14 @@ class TrialHost:
             self.upstreams or (), served_model=None, discover_ray=not self.upstreams, ray_address=None
         )
         await self.proxy.start()
+        # verl's servers are up before its first rollout; a replica the proxy has not yet probed would answer 503.
+        if not await self.proxy.wait_ready(READY_TIMEOUT_S):
+            where = ", ".join(self.upstreams or []) or "no vllm_server_* Ray actor answered"
+            raise EngineError(
+                f"runctl's proxy found no healthy vLLM server of verl's within {READY_TIMEOUT_S:.0f} s ({where}). Fix: "
+                "see verl's log (logs/verl.log in the run folder) for why its servers did not start.",
+                phase="loop",
+            )
         self._parts = (backend, image_for, {"runctl.team": config.team, "runctl.run": self.run_dir.name})
         self._settings = settings
         self.loop = self._make(settings)
