@@ -94,10 +94,8 @@ class VerlEngine:
             reader = Reader(ctx, config)
             proc = self._launch(config, ctx.run_dir, found.address)
             stack.push_async_callback(asyncio.to_thread, stop_group, proc)
-            watcher = None
             if self.discover_replicas:
-                watcher = asyncio.create_task(watch_replicas(ctx, config, proc))
-                stack.callback(watcher.cancel)
+                stack.callback(asyncio.create_task(watch_replicas(ctx, config, proc)).cancel)
             while proc.poll() is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ctx.cancelled.wait(), self.poll_s)
