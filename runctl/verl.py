@@ -18,6 +18,9 @@ ENTRYPOINT = "verl.trainer.main_ppo"
 CONFIG_NAME = "ppo_trainer"
 ASYNC_ENTRYPOINT = "verl.experimental.fully_async_policy.fully_async_main"
 ASYNC_CONFIG_NAME = "fully_async_ppo_trainer"
+#: Where each entry point's config lives, under verl's package folder (the async one extends the sync tree).
+CONFIG_FOLDER = "trainer/config"
+ASYNC_CONFIG_FOLDER = "experimental/fully_async_policy/config"
 
 # runctl's plugin points inside verl (service modules, named here as strings: runctl imports no service).
 AGENT_LOOP_NAME = "runctl"
@@ -58,8 +61,17 @@ def with_absolute_paths(config: TrainConfig) -> TrainConfig:
     return config.model_copy(update={k: os.path.abspath(v) for k in keys if (v := getattr(config, k))})
 
 
+def config_source(config: TrainConfig) -> tuple[str, str]:
+    """(folder under verl's package, config name) of the trainer a train config launches: ``ppo_trainer`` for
+    TRAINING_MODE=sync, ``fully_async_ppo_trainer`` (which extends it) for async."""
+    if config.training_mode == "async":
+        return ASYNC_CONFIG_FOLDER, ASYNC_CONFIG_NAME
+    return CONFIG_FOLDER, CONFIG_NAME
+
+
 def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
-    """The ``key=value`` overrides of verl's ``ppo_trainer`` config for a sync train run (paths made absolute)."""
+    """The ``key=value`` overrides of verl's trainer config (``config_source``) for a train run, paths made
+    absolute."""
     config = with_absolute_paths(config)
     utilisation = config.gpu_mem_util or (0.85 if config.training_mode == "async" else 0.6)
     loggers = [name.strip() for name in config.logger.split(",") if name.strip()]
@@ -118,6 +130,8 @@ def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
         f"{actor}.checkpoint.save_contents": SAVE_CONTENTS,
         f"{actor}.checkpoint.load_contents": LOAD_CONTENTS,
     }
+    if config.training_mode == "async":
+        values.update(_async_values(config))
     # Keys verl's tree leaves open (empty maps): added with Hydra's ``+``. The servers speak the agent's tool-call
     # format under the served name it asks for; verl's TaskRunner and workers find the step log through Ray's
     # runtime environment (they run as Ray actors, not in the launched process).
@@ -135,6 +149,31 @@ def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
     return [f"{key}={hydra_value(value)}" for key, value in values.items()] + [
         f"+{key}={hydra_value(value)}" for key, value in added.items()
     ]
+
+
+def _async_values(config: TrainConfig) -> dict[str, Any]:
+    """The fully async trainer's own keys: a rollout pool of N_NODES_ROLLOUT nodes beside a trainer of
+    N_NODES_TRAIN, fed one task at a time; a step trains on TRAIN_MINI_BSZ × REQUIRE_BATCHES tasks."""
+    rollout_nodes = config.n_nodes_rollout or 0
+    return {
+        # verl's rollouter takes tasks one by one (it asserts both values).
+        "data.train_batch_size": 0,
+        "data.gen_batch_size": 1,
+        "actor_rollout_ref.hybrid_engine": False,
+        "trainer.nnodes": config.n_nodes_train or config.nnodes - rollout_nodes,
+        "rollout.nnodes": rollout_nodes,
+        "rollout.n_gpus_per_node": config.ngpus_per_node,
+        "rollout.n": config.n_resp,
+        "rollout.total_rollout_steps": config.total_rollout_steps,
+        "async_training.staleness_threshold": config.staleness,
+        "async_training.trigger_parameter_sync_step": config.trigger_parameter_sync_step,
+        "async_training.require_batches": config.require_batches,
+        # Only verl's own LLM client reads it; runctl's loop reaches the servers through its proxy, which sends a
+        # turn cut by a weight sync again whole (see docs/decisions.md).
+        "async_training.partial_rollout": False,
+        # The async trainer calls no checkpoint callback: the runner reads verl's checkpoint tracker instead.
+        "trainer.checkpoint_callback_class": None,
+    }
 
 
 def agent_loops_yaml(run_dir: str) -> str:

@@ -302,6 +302,32 @@ def ray_replica_addresses(address: str | None, pattern: re.Pattern[str] = RAY_AC
     return found
 
 
+def ray_weight_versions(pattern: re.Pattern[str] = RAY_ACTOR_PATTERN) -> list[int]:
+    """The weight version each ``vllm_server_*`` actor serves: verl's ``global_steps``, which verl's trainer sets
+    on its servers with each weight update (0 for servers not yet updated, on the initial weights).
+
+    Blocking, in a process already connected to the cluster (a worker of verl's). Read with Ray's
+    ``__ray_call__``, which runs a function on the actor itself: verl's servers keep the version but name no
+    getter for it.
+    """
+    import ray
+
+    versions: list[int] = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if not pattern.search(entry["name"]):
+            continue
+        try:
+            actor = ray.get_actor(entry["name"], namespace=entry.get("namespace"))
+            version: Any = ray.get(
+                actor.__ray_call__.remote(lambda server: getattr(server, "global_steps", None)), timeout=10
+            )
+        except Exception as e:  # gone, or not a server of verl's
+            log.debug("Ray actor %s gives no weight version: %s", entry["name"], e)
+            continue
+        versions.append(int(version or 0))
+    return versions
+
+
 class RayDiscovery:
     """Keeps a pool's membership equal to the ``vllm_server_*`` actors of a Ray cluster, every ``interval_s``."""
 

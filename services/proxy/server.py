@@ -65,11 +65,21 @@ DEFAULT_ALIASES = ("claude-*",)  # Claude Code asks for Claude model names; they
 NOT_FOUND = b'{"error": {"message": "Not Found", "type": "not_found_error", "code": 404}}'
 CLOSED_KEPT = 1024
 CLIENT_GONE = 499  # the status nginx logs for "client closed the request"
+ABORTED = "abort"  # vLLM's finish reason for a request its engine dropped (a pause for a weight update)
+MAX_RESENDS = 8
+PAUSED = (
+    "the replica paused for a weight update and cut this streamed answer short; it is not recorded. "
+    "Fix: send the request again (or without streaming, which the proxy resends itself)"
+)
 _EVERYTHING = Wants(logprobs=True, token_ids=True)
 
 
 def openai_error(status: int, message: str, kind: str) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+
+
+def _cut_short(obj: dict[str, Any]) -> bool:
+    return any(isinstance(c, dict) and c.get("finish_reason") == ABORTED for c in obj.get("choices") or ())
 
 
 class ModelNames:
@@ -134,6 +144,7 @@ class ProxyServer:
         request_timeout_s: float = 1800.0,
         close_wait_s: float = 60.0,
         unix_socket: str | Path | None = None,
+        resend_aborted: bool = False,
     ) -> None:
         self.pool = ReplicaPool(interval_s=health_interval_s, probe_timeout_s=probe_timeout_s)
         for url in upstreams:
@@ -147,6 +158,12 @@ class ProxyServer:
         self.models = ModelNames(served_model, aliases)
         self.request_timeout_s = request_timeout_s
         self.close_wait_s = close_wait_s
+        # A replica paused for a weight update (verl's fully async trainer) ends the requests it was generating with
+        # finish reason "abort". With this on, such an answer is never handed to the agent or recorded: the request
+        # is sent again whole (the engine holds it until it resumes, on the new weights), so every token of a turn
+        # comes from one policy version. A stream already under way cannot be taken back: it ends with an error
+        # event, and its turn is not recorded.
+        self.resend_aborted = resend_aborted
         self.sessions: dict[str, Session] = {}  # by token
         self.by_id: dict[str, Session] = {}
         self.closed: OrderedDict[str, dict[str, Any] | Path] = OrderedDict()
@@ -260,6 +277,13 @@ class ProxyServer:
             Counter("runctl_proxy_failovers_total", "Requests sent to another replica after one failed.")
         )
         self.m_sessions = r.add(Counter("runctl_proxy_sessions_total", "Sessions opened."))
+        self.m_resent = r.add(
+            Counter(
+                "runctl_proxy_aborted_total",
+                "Answers a replica cut short (finish reason abort), by outcome.",
+                ("outcome",),
+            )
+        )
         pool = self.pool
         r.add(Gauge("runctl_proxy_sessions_open", "Sessions open now.", (), lambda: {(): len(self.by_id)}))
         r.add(
@@ -451,6 +475,41 @@ class ProxyServer:
             session.replica = replica.name
             return replica, upstream
 
+    async def _whole(
+        self, session: Session, path: str, payload: bytes
+    ) -> tuple[Replica, int, bytes, dict[str, Any] | None]:
+        """A non-streamed answer: the replica, the status, the body, and the body parsed when the status is 200. An
+        answer a paused replica cut short is asked for again when ``resend_aborted`` is on (see ``__init__``)."""
+        for _ in range(MAX_RESENDS + 1):
+            replica, upstream = await self._send(session, path, payload)
+            try:
+                data = await upstream.read()
+            finally:
+                replica.in_flight -= 1
+            if upstream.status != 200:
+                return replica, upstream.status, data, None
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError as e:
+                raise ProxyError(502, f"replica {replica.name} answered with a body that is not JSON: {e}") from e
+            if not (self.resend_aborted and _cut_short(obj)):
+                return replica, 200, data, obj
+            self.m_resent.inc("resent")
+            log.info("replica %s cut a request short (paused for a weight update); sending it again", replica.name)
+        raise ProxyError(
+            503,
+            f"the replicas cut this request short {MAX_RESENDS + 1} times in a row (finish reason abort: paused for "
+            "weight updates). Fix: send it again",
+            "service_unavailable",
+        )
+
+    def _stream_cut_short(self, obj: dict[str, Any]) -> bool:
+        """True (and counted) when a stream chunk ends a choice the replica cut short, which is not handed on."""
+        if self.resend_aborted and _cut_short(obj):
+            self.m_resent.inc("stream_ended")
+            return True
+        return False
+
     def _record(
         self,
         session: Session,
@@ -501,13 +560,23 @@ class ProxyServer:
             body = self._body(req)
             served = self.models.resolve(body.get("model"), self._learned_model())
             up, wants = upstream_body(surface, body, served)
+            if not body.get("stream"):
+                replica, code, data, obj = await self._whole(session, path, orjson.dumps(up))
+                if obj is None:
+                    resp.send(code, data)
+                    session.errors += 1
+                else:
+                    groups = read_response(surface, obj, wants)
+                    resp.send(200, orjson.dumps(obj))
+                    self._record(session, surface, body, groups, replica, started, None, obj.get("usage"))
+                return
             replica, upstream = await self._send(session, path, orjson.dumps(up))
             try:
                 code = upstream.status
                 if upstream.status != 200:
                     resp.send(upstream.status, await upstream.read())
                     session.errors += 1
-                elif body.get("stream"):
+                else:
                     capture = StreamCapture(surface, wants)
                     await self._relay_openai_stream(upstream, capture, resp)
                     self._record(
@@ -520,11 +589,6 @@ class ProxyServer:
                         capture.first_token_at,
                         capture.usage,
                     )
-                else:
-                    obj = orjson.loads(await upstream.read())
-                    groups = read_response(surface, obj, wants)
-                    resp.send(200, orjson.dumps(obj))
-                    self._record(session, surface, body, groups, replica, started, None, obj.get("usage"))
             finally:
                 replica.in_flight -= 1
         except ProxyError as e:
@@ -556,6 +620,12 @@ class ProxyServer:
                     except orjson.JSONDecodeError:
                         out.append(b"data: " + payload + b"\n\n")
                         continue
+                    if self._stream_cut_short(obj):
+                        await resp.write(
+                            b"".join(out) + b"data: " + openai_error(503, PAUSED, "service_unavailable") + b"\n\n"
+                        )
+                        resp.end()
+                        raise ProxyError(503, PAUSED, "service_unavailable")
                     capture.feed(obj)
                     out.append(b"data: " + (payload if forward_raw else orjson.dumps(obj)) + b"\n\n")
                 if out:
@@ -584,6 +654,20 @@ class ProxyServer:
             up, _ = upstream_body(CHAT, chat, served)
             model = str(body.get("model") or served)
             stops = list(body.get("stop_sequences") or ())
+            if not body.get("stream"):
+                replica, code, data, obj = await self._whole(session, "/v1/chat/completions", orjson.dumps(up))
+                if obj is None:
+                    resp.send(code, anth.error_body(code, anth.upstream_error_message(data)))
+                    session.errors += 1
+                    return
+                groups = read_response(CHAT, obj, _EVERYTHING)
+                message = anth.from_openai(obj, model, stops)
+                resp.send(200, orjson.dumps(message))
+                for _, choices in groups:
+                    for choice in choices:
+                        choice.output = message["content"]
+                self._record(session, ANTHROPIC, body, groups, replica, started, None, obj.get("usage"))
+                return
             replica, upstream = await self._send(session, "/v1/chat/completions", orjson.dumps(up))
             try:
                 code = upstream.status
@@ -591,7 +675,7 @@ class ProxyServer:
                     data = await upstream.read()
                     resp.send(upstream.status, anth.error_body(upstream.status, anth.upstream_error_message(data)))
                     session.errors += 1
-                elif body.get("stream"):
+                else:
                     capture = StreamCapture(CHAT, _EVERYTHING)
                     await self._relay_anthropic_stream(upstream, capture, anth.StreamTranslator(model, stops), resp)
                     groups = capture.groups()
@@ -601,15 +685,6 @@ class ProxyServer:
                     self._record(
                         session, ANTHROPIC, body, groups, replica, started, capture.first_token_at, capture.usage
                     )
-                else:
-                    obj = orjson.loads(await upstream.read())
-                    groups = read_response(CHAT, obj, _EVERYTHING)
-                    message = anth.from_openai(obj, model, stops)
-                    resp.send(200, orjson.dumps(message))
-                    for _, choices in groups:
-                        for choice in choices:
-                            choice.output = message["content"]
-                    self._record(session, ANTHROPIC, body, groups, replica, started, None, obj.get("usage"))
             finally:
                 replica.in_flight -= 1
         except ProxyError as e:
@@ -645,6 +720,11 @@ class ProxyServer:
                             "error", orjson.loads(anth.error_body(500, anth.upstream_error_message(payload)))
                         )
                         continue
+                    if self._stream_cut_short(obj):
+                        error = orjson.loads(anth.error_body(503, PAUSED))
+                        await resp.write(out + anth.event("error", error))
+                        resp.end()
+                        raise ProxyError(503, PAUSED, "service_unavailable")
                     capture.feed(obj)
                     out += translator.feed(obj)
                 if out:

@@ -138,8 +138,8 @@ LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
     NotBuilt(
         "TRAINING_MODE",
         lambda c: _local_train(c) and c.training_mode == "async",
-        f"{_TRL}, rollout and update taking turns; the fully async mode is verl's (not wired for ENGINE=verl yet)",
-        "TRAINING_MODE=sync (the default)",
+        f"{_TRL}, rollout and update taking turns; the fully async mode is verl's",
+        "TRAINING_MODE=sync (the default), or ENGINE=verl",
     ),
     NotBuilt(
         "ADV_ESTIMATOR",
@@ -199,7 +199,7 @@ LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
         "PARTIAL_ROLLOUT, STALENESS, REQUIRE_BATCHES, TRIGGER_PARAMETER_SYNC_STEP, TOTAL_ROLLOUT_STEPS",
         lambda c: _local_train(c) and _set(c, *ASYNC_KEYS),
         f"{_TRL} synchronously: these keys steer verl's fully async mode",
-        "remove them (no engine of this build runs the fully async mode yet)",
+        "remove them, or set ENGINE=verl with TRAINING_MODE=async",
     ),
     NotBuilt(
         "VAL_FILES, TEST_FREQ, VAL_BEFORE_TRAIN, VAL_TEMPERATURE, VAL_AGENT_TIMEOUT_SEC",
@@ -224,6 +224,13 @@ def _verl_train(c: RunConfig) -> TypeGuard[TrainConfig]:
 
 
 _VERL = "ENGINE=verl runs verl's synchronous PPO trainer (main_ppo) with runctl's agent loop"
+_VERL_ASYNC = "ENGINE=verl with TRAINING_MODE=async runs verl's fully async trainer (fully_async_main)"
+
+
+def _verl_async(c: RunConfig) -> TypeGuard[TrainConfig]:
+    return _verl_train(c) and c.training_mode == "async"
+
+
 #: What ENGINE=verl does not carry out (yet): refused with the reason, never ignored.
 VERL_REFUSES: tuple[NotBuilt, ...] = (
     NotBuilt(
@@ -233,17 +240,32 @@ VERL_REFUSES: tuple[NotBuilt, ...] = (
         "ENGINE=local",
     ),
     NotBuilt(
-        "TRAINING_MODE",
-        lambda c: _verl_train(c) and c.training_mode == "async",
-        f"{_VERL}; its overrides are not composed against verl's fully async trainer yet",
-        "TRAINING_MODE=sync (the default)",
+        "PARTIAL_ROLLOUT, STALENESS, REQUIRE_BATCHES, TRIGGER_PARAMETER_SYNC_STEP, TOTAL_ROLLOUT_STEPS",
+        lambda c: _verl_train(c) and c.training_mode == "sync" and _set(c, *ASYNC_KEYS),
+        f"{_VERL}, rollout and training sharing every GPU in turn: these keys shape the fully async mode",
+        "set TRAINING_MODE=async, or remove them",
     ),
     NotBuilt(
-        "PARTIAL_ROLLOUT, STALENESS, REQUIRE_BATCHES, TRIGGER_PARAMETER_SYNC_STEP, TOTAL_ROLLOUT_STEPS, "
-        "N_NODES_TRAIN, N_NODES_ROLLOUT",
-        lambda c: _verl_train(c) and _set(c, *ASYNC_KEYS, "n_nodes_train", "n_nodes_rollout"),
-        f"{_VERL}, rollout and training sharing every GPU in turn: these keys shape the fully async mode",
-        "remove them",
+        "PARTIAL_ROLLOUT",
+        lambda c: _verl_async(c) and c.partial_rollout,
+        f"{_VERL_ASYNC}: its agents reach verl's servers through runctl's proxy, which sends a turn cut short by a "
+        "weight update again whole, on the new weights (a turn's tokens all come from one policy version); a "
+        "token-level resume of a cut turn is not built",
+        "remove PARTIAL_ROLLOUT",
+    ),
+    NotBuilt(
+        "TRAIN_BSZ",
+        lambda c: _verl_async(c) and _set(c, "train_bsz"),
+        f"{_VERL_ASYNC}: its rollouter feeds tasks one at a time, and a step trains on TRAIN_MINI_BSZ × "
+        "REQUIRE_BATCHES tasks",
+        "remove TRAIN_BSZ; set TRAIN_MINI_BSZ and REQUIRE_BATCHES for the tasks of a step",
+    ),
+    NotBuilt(
+        "TOTAL_TRAINING_STEPS",
+        lambda c: _verl_async(c) and _set(c, "total_training_steps"),
+        f"{_VERL_ASYNC}: it counts its steps from the rollouts, TOTAL_ROLLOUT_STEPS ÷ (TRAIN_MINI_BSZ × "
+        "REQUIRE_BATCHES × TRIGGER_PARAMETER_SYNC_STEP)",
+        "remove TOTAL_TRAINING_STEPS and set TOTAL_ROLLOUT_STEPS (tasks to roll out in all)",
     ),
     NotBuilt(
         "MODEL_ENGINE, VEOMNI_*, EP_SIZE",
@@ -258,12 +280,13 @@ VERL_REFUSES: tuple[NotBuilt, ...] = (
         "GEN_DP",
         lambda c: (
             _verl_train(c)
-            and c.training_mode == "sync"
             and _set(c, "gen_dp")
-            and c.gen_dp * c.gen_tp != c.nnodes * c.ngpus_per_node
+            and c.gen_dp * c.gen_tp
+            != (c.nnodes if c.training_mode == "sync" else c.n_nodes_rollout or 0) * c.ngpus_per_node
         ),
-        "verl makes one rollout replica per GEN_TP GPUs of the whole cluster (it takes no replica count)",
-        "remove GEN_DP, or set it to NNODES × NGPUS_PER_NODE ÷ GEN_TP",
+        "verl makes one rollout replica per GEN_TP GPUs of the rollout nodes (every node in sync mode, "
+        "N_NODES_ROLLOUT in async); it takes no replica count",
+        "remove GEN_DP, or set it to (NNODES, or N_NODES_ROLLOUT in async) × NGPUS_PER_NODE ÷ GEN_TP",
     ),
     NotBuilt(
         "VLLM_READY_TIMEOUT",

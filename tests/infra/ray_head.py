@@ -99,6 +99,7 @@ ray.init(address=sys.argv[1], namespace="verl")
 class Server:
     def __init__(self, port):
         self.port = port
+        self.global_steps = 4  # the weight version, as verl's trainer sets it on its servers
     def get_server_address(self):
         return "127.0.0.1", self.port
 
@@ -109,7 +110,8 @@ ray.get(ray.get_actor("vllm_server_0_0").get_server_address.remote())
 
 def start_server_actor(head: RayHead, port: int) -> None:
     """A detached actor named as verl names its vLLM servers (``vllm_server_0_0``, namespace ``verl``) whose
-    ``get_server_address`` names ``127.0.0.1:port``, made by a driver of its own as verl's trainer makes them."""
+    ``get_server_address`` names ``127.0.0.1:port`` and which serves weight version 4 (verl's ``global_steps``),
+    made by a driver of its own as verl's trainer makes them."""
     made = subprocess.run(
         [sys.executable, "-c", _SERVER_ACTOR, head.gcs_address, str(port)], capture_output=True, text=True, timeout=120
     )

@@ -42,7 +42,8 @@ def model() -> Path:
 
 @pytest.fixture(scope="module")
 def replica(model: Path) -> Iterator[VLLMServer]:
-    with vllm_server.vllm_server(model) as server:
+    # Dev mode adds /pause and /resume: the pause verl's fully async trainer makes for each weight update.
+    with vllm_server.vllm_server(model, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
         yield server
 
 
@@ -231,3 +232,95 @@ async def test_five_hundred_concurrent_sessions_on_vllm_keep_to_their_own_turns(
         assert all(t["choices"][0]["completion_token_ids"] for t in turns)
         prompts.update(tuple(t["prompt_token_ids"]) for t in turns)
     assert len(prompts) == 1000  # every turn's prompt is its own: no turn recorded in another session
+
+
+async def _generating(url: str) -> bool:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(url + "/metrics")).text
+    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+    return any(float(line.rsplit(" ", 1)[1]) >= 1 for line in running)
+
+
+#: A long answer of a known length, so a pause lands while vLLM generates it.
+LONG_ANSWER = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "count"}],
+    "max_tokens": 600,
+    "ignore_eos": True,
+    "temperature": 0,
+}
+
+
+def resending_proxy(replica: VLLMServer, tmp_path: Path) -> ProxyServer:
+    """A proxy as verl's runs have it (answers cut short are sent again), with no probe completions."""
+    server = ProxyServer([replica.url], trajectory_dir=tmp_path, health_interval_s=3600, resend_aborted=True)
+    server.pool.probe_completion = False
+    return server
+
+
+@pytest.mark.timeout(SETUP_S + 300)
+async def test_an_answer_cut_short_by_a_pause_for_weights_is_sent_again_and_recorded_whole(
+    replica: VLLMServer, tmp_path: Path
+) -> None:
+    # verl's fully async trainer pauses its servers with in-flight requests aborted (vLLM's pause_generation, here
+    # through its /pause route) and resumes them on the new weights. The agent must get one whole answer.
+    server = resending_proxy(replica, tmp_path)
+    body = dict(LONG_ANSWER)
+    async with server, httpx.AsyncClient(timeout=300) as http:
+        assert await server.wait_ready(30)
+        # The pause can only cut an answer vLLM is generating; one that finished before it is tried again.
+        for _ in range(5):
+            session = server.open_session()
+            answer = asyncio.create_task(http.post(session.openai_base_url + "/chat/completions", json=body))
+            await async_wait_until(lambda: _generating(replica.url), 120, "vLLM generating the answer")
+            assert (await http.post(replica.url + "/pause", params={"mode": "abort"})).status_code == 200
+            try:
+                await async_wait_until(
+                    lambda a=answer: a.done() or server.m_resent.values.get(("resent",)), 60, "the answer cut short"
+                )
+            finally:
+                assert (await http.post(replica.url + "/resume")).status_code == 200
+            reply = (await answer).json()
+            if server.m_resent.values.get(("resent",)):
+                break
+        else:
+            pytest.fail("five answers all finished before the pause reached them")
+        assert reply["choices"][0]["finish_reason"] == "length"
+        trajectory = await server.close_session(session.id)
+        assert trajectory is not None
+        (turn,) = trajectory["turns"]
+        assert turn["choices"][0]["finish_reason"] == "length"
+        choice = turn["choices"][0]
+        assert len(choice["completion_token_ids"]) == 600 == len(choice["completion_logprobs"])
+        assert server.m_resent.values == {("resent",): 1.0}
+
+
+@pytest.mark.timeout(SETUP_S + 300)
+async def test_a_stream_cut_short_by_a_pause_for_weights_ends_with_an_error_and_is_not_recorded(
+    replica: VLLMServer, tmp_path: Path
+) -> None:
+    server = resending_proxy(replica, tmp_path)
+    body = {**LONG_ANSWER, "stream": True}
+
+    async def read(http: httpx.AsyncClient, url: str) -> str:
+        async with http.stream("POST", url, json=body) as streamed:
+            return (await streamed.aread()).decode()
+
+    async with server, httpx.AsyncClient(timeout=300) as http:
+        assert await server.wait_ready(30)
+        for _ in range(5):
+            session = server.open_session()
+            answer = asyncio.create_task(read(http, session.openai_base_url + "/chat/completions"))
+            await async_wait_until(lambda: _generating(replica.url), 120, "vLLM generating the answer")
+            assert (await http.post(replica.url + "/pause", params={"mode": "abort"})).status_code == 200
+            try:
+                text = await answer
+            finally:
+                assert (await http.post(replica.url + "/resume")).status_code == 200
+            trajectory = await server.close_session(session.id)
+            if server.m_resent.values.get(("stream_ended",)):
+                break
+        else:
+            pytest.fail("five streams all finished before the pause reached them")
+        assert "paused for a weight update" in text and '"finish_reason":"abort"' not in text.replace(" ", "")
+        assert trajectory is not None and trajectory["turns"] == []

@@ -156,7 +156,8 @@ HONOURED_VERL: dict[str, tuple[str, ...]] = {
         "CLIP_RATIO_HIGH", "TRAIN_MINI_BSZ", "TRAIN_MICRO_BSZ_PER_GPU", "USE_DYNAMIC_BSZ", "SP_SIZE", "GEN_TP",
         "GPU_MEM_UTIL", "TEMPERATURE", "VAL_TEMPERATURE", "ENABLE_R3", "AGENT_NUM_WORKERS", "NNODES",
         "NGPUS_PER_NODE", "LOGGER", "TOOL_CALL_PARSER", "ROLLOUT_IS", "SERVED_MODEL_NAME", "MAX_MODEL_LEN",
-        "WANDB_MODE",
+        "WANDB_MODE", "STALENESS", "REQUIRE_BATCHES", "TRIGGER_PARAMETER_SYNC_STEP", "TOTAL_ROLLOUT_STEPS",
+        "N_NODES_TRAIN", "N_NODES_ROLLOUT",
     )},
     "TRAIN_FILES": ("services/launcher/engines/local.py",),
     "VAL_FILES": _VERL_ENGINE,
@@ -176,22 +177,29 @@ HONOURED_VERL: dict[str, tuple[str, ...]] = {
 
 #: Key → a value ENGINE=verl refuses (with what the refusal says).
 REFUSED_VERL: dict[str, tuple[str, str]] = {
-    "TRAINING_MODE": ("async", "not composed against verl's fully async trainer yet"),
     "PARTIAL_ROLLOUT": ("1", "these keys shape the fully async mode"),
     "STALENESS": ("0.5", "these keys shape the fully async mode"),
     "REQUIRE_BATCHES": ("2", "these keys shape the fully async mode"),
     "TRIGGER_PARAMETER_SYNC_STEP": ("2", "these keys shape the fully async mode"),
     "TOTAL_ROLLOUT_STEPS": ("10", "these keys shape the fully async mode"),
-    "N_NODES_TRAIN": ("1", "these keys shape the fully async mode"),
-    "N_NODES_ROLLOUT": ("0", "these keys shape the fully async mode"),
     "MODEL_ENGINE": ("veomni", "the VeOmni trainer config is not wired yet"),
     "VEOMNI_FUSED_KERNELS": ("0", "the VeOmni trainer config is not wired yet"),
     "VEOMNI_ACTIVATION_OFFLOAD": ("0", "the VeOmni trainer config is not wired yet"),
     "EP_SIZE": ("1", "the VeOmni trainer config is not wired yet"),
-    "GEN_DP": ("3", "one rollout replica per GEN_TP GPUs of the whole cluster"),
+    "GEN_DP": ("3", "one rollout replica per GEN_TP GPUs of the rollout nodes"),
     "VLLM_READY_TIMEOUT": ("100", "verl starts its own vLLM servers"),
     "VAL_AGENT_TIMEOUT_SEC": ("60", "tells a validation sample by VAL_TEMPERATURE"),
 }
+
+
+#: Key → a value ENGINE=verl refuses in TRAINING_MODE=async (with what the refusal says).
+REFUSED_VERL_ASYNC: dict[str, tuple[str, str]] = {
+    "PARTIAL_ROLLOUT": ("1", "token-level resume of a cut turn is not built"),
+    "TRAIN_BSZ": ("8", "feeds tasks one at a time"),
+    "TOTAL_TRAINING_STEPS": ("10", "counts its steps from the rollouts"),
+    "GEN_DP": ("3", "N_NODES_ROLLOUT in async"),
+}
+VERL_ASYNC = "ENGINE=verl\nTRAINING_MODE=async\nNNODES=2\nN_NODES_ROLLOUT=1\nNGPUS_PER_NODE=8\nGEN_TP=1\n"
 
 
 #: Keys that are variables for other keys' values (``${MODEL_ROOT}/name``): the loader interpolates them.
@@ -309,6 +317,20 @@ def test_a_key_verl_cannot_carry_out_is_refused_with_the_reason(key: str) -> Non
         extra += "VAL_TEMPERATURE=1.0\n"  # the same as TEMPERATURE: a validation sample cannot be told apart
     fatal = [r for r in results("train", extra) if r.severity == "fatal" and r.id == "engine.not_built"]
     assert fatal, f"{key}={value} is not refused for ENGINE=verl"
+    assert says in fatal[0].message and key in fatal[0].message and fatal[0].fix
+
+
+def test_a_fully_async_verl_run_asks_nothing_that_is_not_built() -> None:
+    verdicts = {r.id: r for r in results("train", VERL_ASYNC + "STALENESS=0.5\nTOTAL_ROLLOUT_STEPS=64\n")}
+    assert verdicts["engine.not_built"].severity == "ok", verdicts["engine.not_built"]
+    assert verdicts["verl.compose"].severity == "ok" and "fully_async_ppo_trainer" in verdicts["verl.compose"].message
+
+
+@pytest.mark.parametrize("key", sorted(REFUSED_VERL_ASYNC))
+def test_a_key_verls_fully_async_mode_cannot_carry_out_is_refused_with_the_reason(key: str) -> None:
+    value, says = REFUSED_VERL_ASYNC[key]
+    fatal = [r for r in results("train", VERL_ASYNC + f"{key}={value}\n") if r.id == "engine.not_built"]
+    assert fatal and fatal[0].severity == "fatal", f"{key}={value} is not refused for verl's async mode"
     assert says in fatal[0].message and key in fatal[0].message and fatal[0].fix
 
 

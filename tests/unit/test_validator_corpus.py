@@ -79,12 +79,12 @@ def test_the_corpus_is_large_and_covers_every_registered_check() -> None:
 
 
 def _fatal(results: list[CheckResult]) -> list[CheckResult]:
-    """Fatal results, less ENGINE=verl's refusal of its fully async mode (not built yet): the async GPU configs are
-    sound for verl, and every other check still judges them as verl would."""
+    """Fatal results, less ENGINE=verl's refusal of VeOmni (not wired yet): the VeOmni GPU configs are sound for
+    verl, and every other check still judges them as verl would."""
     return [
         r
         for r in results
-        if r.severity == "fatal" and not (r.id == "engine.not_built" and r.message.startswith("TRAINING_MODE=async"))
+        if r.severity == "fatal" and not (r.id == "engine.not_built" and r.message.startswith("MODEL_ENGINE=veomni"))
     ]
 
 
@@ -93,9 +93,9 @@ def test_good_configs_have_no_fatal_result(path: Path) -> None:
     results = results_for(path.read_text(), path.name)
     assert _fatal(results) == []
     assert sum(1 for r in results if r.severity == "ok") >= 5  # the checks ran, not just skipped
-    if "TRAINING_MODE=async" in path.read_text():
+    if "MODEL_ENGINE=veomni" in path.read_text():
         (refused,) = [r for r in results if r.severity == "fatal"]
-        assert refused.id == "engine.not_built" and "fully async" in refused.message
+        assert refused.id == "engine.not_built" and "VeOmni" in refused.message
 
 
 @pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)

@@ -79,3 +79,31 @@ def test_the_fast_check_agrees_with_a_full_composition(tmp_path: object, monkeyp
             compose(config_dir, bad)
         with pytest.raises(ComposeError):
             check_overrides(config_dir, bad)
+
+
+ASYNC = (
+    "TRAINING_MODE=async\nNNODES=2\nN_NODES_ROLLOUT=1\nGEN_DP=2\nSTALENESS=0.5\nREQUIRE_BATCHES=2\n"
+    "TRIGGER_PARAMETER_SYNC_STEP=3\nTOTAL_ROLLOUT_STEPS=640\n"
+)
+
+
+def test_an_async_run_composes_against_verls_fully_async_trainer_with_each_key_where_verl_reads_it() -> None:
+    from runctl.verl import ASYNC_ENTRYPOINT, config_source
+
+    config = good_train(ASYNC)
+    folder, name = config_source(config)
+    config_dir = verl_config_dir(folder)
+    assert config_dir is not None and name == "fully_async_ppo_trainer"
+    verl = compose(config_dir, verl_overrides(config, "/runs/r1"), name)
+    # What verl's rollouter and trainer assert and read (fully_async_rollouter.py, fully_async_trainer.py).
+    assert verl.data.train_batch_size == 0 and verl.data.gen_batch_size == 1
+    assert verl.actor_rollout_ref.hybrid_engine is False
+    sync = verl.async_training
+    assert (sync.staleness_threshold, sync.require_batches, sync.trigger_parameter_sync_step) == (0.5, 2, 3)
+    assert sync.partial_rollout is False
+    assert (verl.trainer.nnodes, verl.rollout.nnodes, verl.rollout.n_gpus_per_node) == (1, 1, 8)
+    assert verl.rollout.total_rollout_steps == 640 and verl.rollout.n == config.n_resp
+    assert verl.actor_rollout_ref.rollout.calculate_log_probs is True
+    assert verl.trainer.checkpoint_callback_class is None  # verl calls none there
+    argv = shlex.split(launch_command(config, "/runs/r1"))
+    assert argv[:3] == ["python3", "-m", ASYNC_ENTRYPOINT]

@@ -137,3 +137,5 @@ async def test_the_loop_finds_verls_servers_as_their_ray_actors(
             ray.shutdown()
     assert out.batch["rm_scores"].sum().item() == 1.0
     assert out.non_tensor_batch["runctl_trial"][0].endswith("say-yes/0")
+    # The weight versions the trajectory spans, read from verl's servers (its fully async trainer counts them).
+    assert out.non_tensor_batch["min_global_steps"][0] == 4 == out.non_tensor_batch["max_global_steps"][0]

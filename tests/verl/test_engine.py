@@ -71,3 +71,37 @@ async def test_each_step_and_checkpoint_is_published_once_across_a_trainer_that_
     assert outcome.summary["steps"] == 5
     assert outcome.summary["last_checkpoint"] == saved[-1].path
     assert outcome.score == pytest.approx(1.0)
+
+
+async def test_the_fully_async_trainers_checkpoints_are_announced_from_its_tracker_file(tmp_path: Path) -> None:
+    # verl's fully async trainer calls no checkpoint callback: the runner reads the step verl's tracker file names.
+    run_dir = tmp_path / "run"
+    engine = VerlEngine(argv=STAND_IN, poll_s=0.1, discover_replicas=False)
+    published: list[tuple[str, Payload]] = []
+
+    async def emit(payload: Payload, key: str) -> None:
+        published.append((key, payload))
+
+    async def save(state: dict[str, Any]) -> None:
+        pass
+
+    # 6 tasks rolled out, 1 task × 1 batch a step, weights synced every 2 steps: verl counts 3 steps.
+    config = verl_train_config(
+        NGPUS_PER_NODE=0,
+        TRAINING_MODE="async",
+        N_NODES_ROLLOUT=0,
+        TRAIN_MINI_BSZ=1,
+        REQUIRE_BATCHES=1,
+        TRIGGER_PARAMETER_SYNC_STEP=2,
+        TOTAL_ROLLOUT_STEPS=6,
+        SAVE_FREQ=2,
+    )
+    outcome = await engine.run(RunContext("r2", "team", config, run_dir, emit, save, progress={}))
+    command = (run_dir / "verl" / "command.json").read_text()
+    assert "async_training.trigger_parameter_sync_step=2" in command
+    keys = [key for key, _ in published]
+    assert [k for k in keys if k.startswith("step.")] == ["step.1", "step.2", "step.3"]
+    assert [k for k in keys if k.startswith("checkpoint.")] == ["checkpoint.2", "checkpoint.3"]
+    saved = [p for _, p in published if isinstance(p, CheckpointSaved)]
+    assert saved[-1].path == str(run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface")
+    assert outcome.summary["steps"] == 3

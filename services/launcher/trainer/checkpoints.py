@@ -63,11 +63,13 @@ def published_folder(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS / f"global_step_{step}"
 
 
-def published_steps(run_dir: Path) -> list[int]:
+def published_steps(run_dir: Path, hf: Path | str = HF) -> list[int]:
+    """The steps whose ``global_step_N`` folder holds its Hugging Face folder at ``hf`` (the local trainer's
+    layout unless told; verl's is ``actor/huggingface``)."""
     folder = run_dir / CHECKPOINTS
     if not folder.is_dir():
         return []
-    return sorted(int(m.group(1)) for c in folder.iterdir() if (m := _PUBLISHED.match(c.name)) and (c / HF).is_dir())
+    return sorted(int(m.group(1)) for c in folder.iterdir() if (m := _PUBLISHED.match(c.name)) and (c / hf).is_dir())
 
 
 def _link(source: Path, target: Path) -> None:

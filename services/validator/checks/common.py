@@ -26,6 +26,14 @@ def rollout_gpus(config: RunConfig) -> int:
     return config.nnodes * config.ngpus_per_node
 
 
+def step_tasks(config: TrainConfig) -> int:
+    """Tasks a training step learns from: TRAIN_BSZ, or in async mode (verl's rollouter feeds tasks one at a time)
+    TRAIN_MINI_BSZ × REQUIRE_BATCHES."""
+    if config.training_mode == "async":
+        return config.train_mini_bsz * config.require_batches
+    return config.train_bsz
+
+
 def train_world(config: TrainConfig) -> int:
     return train_nodes(config) * config.ngpus_per_node
 

@@ -54,6 +54,8 @@ def routing_replay(ctx: Context) -> Verdict:
 @check("engine.lr_schedule", ENGINE, "a learning rate that silently decays to zero", ["train"])
 def lr_schedule(ctx: Context) -> Verdict:
     c = train_config(ctx)
+    if c.training_mode == "async" and c.lr_scheduler in DECAYING_SCHEDULES:
+        return ok(f"LR_SCHEDULER={c.lr_scheduler} over the steps verl's async trainer counts from its rollouts")
     if c.lr_scheduler in DECAYING_SCHEDULES and c.total_training_steps is None:
         return fatal(
             f"LR_SCHEDULER={c.lr_scheduler} decays over a step count the run does not know: "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.validator.checks.common import rollout_gpus, train_config, train_nodes, train_world
+from services.validator.checks.common import rollout_gpus, step_tasks, train_config, train_nodes, train_world
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip
 from services.validator.rules import GROUP_ESTIMATORS
 
@@ -110,6 +110,8 @@ def mini_divides_bsz(ctx: Context) -> Verdict:
     c = train_config(ctx)
     if c.engine == "local" and "train_mini_bsz" not in c.model_fields_set:
         return skip("ENGINE=local updates once per step on the whole batch")
+    if c.training_mode == "async":
+        return skip("TRAINING_MODE=async: a step is TRAIN_MINI_BSZ × REQUIRE_BATCHES tasks (TRAIN_BSZ is not used)")
     if c.train_mini_bsz > c.train_bsz or c.train_bsz % c.train_mini_bsz:
         return fatal(
             f"TRAIN_BSZ={c.train_bsz} is not a multiple of TRAIN_MINI_BSZ={c.train_mini_bsz}.",
@@ -121,13 +123,15 @@ def mini_divides_bsz(ctx: Context) -> Verdict:
 @check("batch.trials_divide_gpus", PARALLEL, "verl failing after start-up on an uneven split of trials", ["train"])
 def trials_divide_gpus(ctx: Context) -> Verdict:
     c = train_config(ctx)
-    world, trials = train_world(c), c.train_bsz * c.n_resp
+    world, tasks = train_world(c), step_tasks(c)
+    trials = tasks * c.n_resp
+    name = "TRAIN_MINI_BSZ × REQUIRE_BATCHES" if c.training_mode == "async" else "TRAIN_BSZ"
     if world == 0:
         return skip("NGPUS_PER_NODE=0: no GPU world to split")
     if trials % world:
         return fatal(
-            f"TRAIN_BSZ × N_RESP = {trials} trials do not split evenly over {world} training GPUs.",
-            f"make TRAIN_BSZ × N_RESP a multiple of {world}.",
+            f"{name} × N_RESP = {trials} trials do not split evenly over {world} training GPUs.",
+            f"make {name} × N_RESP a multiple of {world}.",
         )
     return ok(f"{trials} trials a step split as {trials // world} per training GPU")
 

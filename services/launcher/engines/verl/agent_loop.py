@@ -52,9 +52,15 @@ class RunctlAgentLoop(AgentLoopBase):
                 "Fix: train on the dataset runctl writes (verl/train.parquet in the run folder)"
             )
         host = await TrialHost.get(self.run_dir, self.upstreams)
+        first = await host.weight_version()
         outcome = await host.run_trial(str(task_path), sampling_params.get("temperature"))
         self._hand_on(outcome)
-        return output_of(outcome, host)
+        output = output_of(outcome, host)
+        if first is not None:
+            # verl's fully async trainer counts the weight updates a trajectory spans (and drops stale ones).
+            last = await host.weight_version()
+            output.extra_fields.update(min_global_steps=first, max_global_steps=last if last is not None else first)
+        return output
 
     def _hand_on(self, outcome: TrialOutcome) -> None:
         key = f"trial.{outcome.record['task']}.{outcome.number}"

@@ -1,4 +1,6 @@
 """``checkpoint.saved`` from verl's own hook: ``trainer.checkpoint_callback_class`` names ``CheckpointAnnouncer``.
+(verl's fully async trainer calls no such hook: there the runner announces each step its tracker file names,
+through the same class.)
 
 verl's trainer calls ``on_save`` on its driver after each save, with the ``global_step_N`` folder. runctl asks verl to
 write a Hugging Face folder beside the FSDP shards (``hf_model`` in the actor's ``save_contents``), so the event names
@@ -34,6 +36,13 @@ class CheckpointAnnouncer:
     def __init__(self, config: Any = None) -> None:
         self.config = config
         self.run_dir = run_dir_of(str(config.trainer.default_local_dir)) if config is not None else None
+
+    @classmethod
+    def for_run(cls, run_dir: Path) -> CheckpointAnnouncer:
+        """The announcer the runner itself uses where verl calls no callback (its fully async trainer)."""
+        announcer = cls()
+        announcer.run_dir = run_dir
+        return announcer
 
     def on_save(self, trainer: Any = None, global_step: int = 0, checkpoint_dir: str = "", **kwargs: Any) -> None:
         """Announce one checkpoint; never raises into verl's trainer."""

@@ -30,6 +30,7 @@ from runctl import verl as verl_contract
 from runctl.config import TrainConfig
 from runctl.events import CheckpointSaved, ReplicasReady, StepDone
 from services.launcher.engines.base import Outcome, RunContext
+from services.launcher.engines.verl.callback import HF_FOLDER, CheckpointAnnouncer
 from services.launcher.engines.verl.outbox import OutboxReader
 from services.launcher.engines.verl.prepare import prepare
 from services.launcher.engines.verl.steplog import StepLog
@@ -40,6 +41,7 @@ from services.launcher.trainer import checkpoints
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 30.0
 LOG_FILE = Path("logs") / "verl.log"
+TRACKER = "latest_checkpointed_iteration.txt"  # verl writes the newest saved step here once its save is done
 
 
 class VerlEngine:
@@ -143,8 +145,30 @@ class Reader:
         self.outbox = OutboxReader(ctx.run_dir)
         self.last_metrics: dict[str, float] = dict(ctx.progress.get("verl_last_metrics", {}))
         self.announced: list[int] = list(ctx.progress.get("verl_checkpoints", []))
+        # verl's fully async trainer calls no checkpoint callback; the step its tracker file names, written once a
+        # save is complete, is announced instead (each step once: the newest announced is where to start).
+        self.tracker = ctx.run_dir / "checkpoints" / TRACKER if config.training_mode == "async" else None
+        self.tracked = max(self.announced, default=0)
+
+    def _track(self) -> None:
+        try:
+            step = int(self.tracker.read_text().strip()) if self.tracker is not None else 0
+        except (OSError, ValueError):  # not written yet, or being written
+            return
+        if step <= self.tracked:
+            return
+        # Saves finish one after another, so every folder up to the step named is complete: a look that missed one
+        # (two saves within a poll) announces it too.
+        saved = [k for k in checkpoints.published_steps(self.ctx.run_dir, HF_FOLDER) if self.tracked < k < step] + [
+            step
+        ]
+        self.tracked = step
+        announcer = CheckpointAnnouncer.for_run(self.ctx.run_dir)
+        for k in saved:
+            announcer.on_save(global_step=k, checkpoint_dir=str(checkpoints.published_folder(self.ctx.run_dir, k)))
 
     async def drain(self) -> None:
+        await asyncio.to_thread(self._track)
         for step, metrics in await asyncio.to_thread(lambda: list(self.steps.poll())):
             await self.ctx.emit(StepDone(step=step, metrics=metrics), f"step.{step}")
             self.last_metrics = metrics

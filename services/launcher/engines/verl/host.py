@@ -98,8 +98,14 @@ class TrialHost:
         backend, image_for = self._stack.enter_context(
             open_backend(CONFIG_BACKENDS[config.backend], BackendSettings.of(config))
         )
+        # verl's fully async trainer pauses its servers for each weight update, cutting short what they generate:
+        # the proxy sends such a request again, so the agent never sees it (and a turn has one policy version).
         self.proxy = ProxyServer(
-            self.upstreams or (), served_model=None, discover_ray=not self.upstreams, ray_address=None
+            self.upstreams or (),
+            served_model=None,
+            discover_ray=not self.upstreams,
+            ray_address=None,
+            resend_aborted=True,
         )
         await self.proxy.start()
         # verl's servers are up before its first rollout; a replica the proxy has not yet probed would answer 503.
@@ -137,6 +143,16 @@ class TrialHost:
             loop.executor.shutdown(wait=False)
             loop.http.close()
         self._stack.close()
+
+    async def weight_version(self) -> int | None:
+        """The newest weight version verl's servers serve (verl's ``global_steps``); None when they are not Ray
+        actors of verl's (server URLs given, as in tests)."""
+        if self.upstreams:
+            return None
+        from services.proxy.replicas import ray_weight_versions
+
+        versions = await asyncio.to_thread(ray_weight_versions)
+        return max(versions) if versions else None
 
     def task(self, path: str) -> Task:
         if path not in self._tasks:
