@@ -229,6 +229,6 @@ class Evals:
         if isinstance(config, TrainConfig) and config.max_ckpt_to_keep is not None:
             run_dir = run_dir_for(entry.team, entry.parent, config)
             pinned = await self.store.pinned(entry.parent)
-            deleted = checkpoints.prune(Path(run_dir), config.max_ckpt_to_keep, pinned)
+            deleted = checkpoints.prune(Path(run_dir), config.max_ckpt_to_keep, pinned, checkpoints.hf_of(config))
             if deleted:
                 log.info("%s: MAX_CKPT_TO_KEEP: deleted checkpoints of steps %s", entry.parent, deleted)

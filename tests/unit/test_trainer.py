@@ -191,6 +191,18 @@ def test_max_ckpt_to_keep_never_deletes_a_checkpoint_whose_eval_is_running(tmp_p
     assert checkpoints.published_steps(tmp_path) == [6, 8]
 
 
+def test_max_ckpt_to_keep_prunes_verls_checkpoints_in_verls_layout(tmp_path: Path) -> None:
+    # The same pruning for ENGINE=verl's runs (by the runner, and by the launcher once an eval ends), whose
+    # checkpoints keep their Hugging Face folder at global_step_N/actor/huggingface.
+    hf = checkpoints.hf_of(train_config(ENGINE="verl"))
+    assert hf == checkpoints.VERL_HF and checkpoints.hf_of(train_config()) == checkpoints.HF
+    for step in (1, 2, 3):
+        (checkpoints.published_folder(tmp_path, step) / hf).mkdir(parents=True)
+    assert checkpoints.published_steps(tmp_path) == []  # not the local trainer's layout
+    assert checkpoints.prune(tmp_path, 1, {1}, hf) == [2]
+    assert checkpoints.published_steps(tmp_path, hf) == [1, 3]
+
+
 def test_the_eval_run_of_a_checkpoint_keeps_the_train_runs_agent_and_scores_the_checkpoint(tmp_path: Path) -> None:
     config = train_config(
         EVAL_ON_CHECKPOINT=1,

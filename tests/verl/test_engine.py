@@ -5,13 +5,14 @@ runner: every step and checkpoint is published exactly once, with the figures fi
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runctl.events import CheckpointSaved, ClusterReady, StepDone
+from runctl.events import CheckpointSaved, ClusterReady, ReplicasReady, StepDone
 from runctl.events.payloads import Payload
 from services.launcher.engines.base import RunContext
 from services.launcher.engines.verl.engine import VerlEngine
@@ -105,3 +106,34 @@ async def test_the_fully_async_trainers_checkpoints_are_announced_from_its_track
     saved = [p for _, p in published if isinstance(p, CheckpointSaved)]
     assert saved[-1].path == str(run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface")
     assert outcome.summary["steps"] == 3
+
+
+async def test_verls_servers_once_up_are_published_as_replicas_ready(tmp_path: Path) -> None:
+    import subprocess
+
+    import ray
+
+    from services.launcher.engines.verl.engine import watch_replicas
+
+    published: list[tuple[str, Payload]] = []
+
+    async def emit(payload: Payload, key: str) -> None:
+        published.append((key, payload))
+
+    async def save(state: dict[str, Any]) -> None:
+        pass
+
+    with ray_infra.ray_head() as head:
+        config = verl_train_config(NGPUS_PER_NODE=0, GEN_TP=1).model_copy(update={"ray_address": head.gcs_address})
+        ray_infra.start_server_actor(head, 8123)  # as verl's trainer makes its vllm_server_* actors
+        trainer = subprocess.Popen(["sleep", "120"])  # verl, still running
+        try:
+            ctx = RunContext("r3", "team", config, tmp_path, emit, save, progress={})
+            await asyncio.wait_for(watch_replicas(ctx, config, trainer), 120)
+        finally:
+            trainer.kill()
+            trainer.wait()
+            ray.shutdown()
+    (ready,) = [(k, p) for k, p in published if isinstance(p, ReplicasReady)]
+    assert ready[0] == "replicas"
+    assert ready[1].addresses == ["http://127.0.0.1:8123"] and ready[1].dp == 1 and ready[1].tp == 1

@@ -10,6 +10,9 @@
 Files are hard links of the resume point's (copies where the filesystem cannot link), so a published checkpoint
 costs no second copy of the weights. ``MAX_CKPT_TO_KEEP`` keeps the newest published checkpoints; one whose eval run
 has not ended is kept whatever its age (``prune`` is told which), and pruned once that eval ends.
+
+verl's checkpoints (ENGINE=verl) share the ``global_step_<N>`` folders, with their Hugging Face folder at
+``actor/huggingface`` (``VERL_HF``); ``hf_of`` gives a config's.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import re
 import shutil
 from pathlib import Path
 
+from runctl.config.models import TrainConfig
+
 STATE_DIR = Path("trainer") / "state"
 CHECKPOINTS = "checkpoints"
 HF = "huggingface"
+VERL_HF = Path("actor") / HF
 #: The files of a Hugging Face model folder among those TRL writes into a checkpoint.
 HF_FILES = re.compile(
     r"^(config\.json|generation_config\.json|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
@@ -110,12 +116,17 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
-def prune(run_dir: Path, keep: int | None, pinned: set[int]) -> list[int]:
-    """Delete published checkpoints beyond the newest ``keep``, except the ``pinned`` steps (an eval of them is
-    still running). Returns the steps deleted."""
+def hf_of(config: TrainConfig) -> Path | str:
+    """Where a checkpoint of this run keeps its Hugging Face folder, under ``global_step_<N>``."""
+    return VERL_HF if config.engine == "verl" else HF
+
+
+def prune(run_dir: Path, keep: int | None, pinned: set[int], hf: Path | str = HF) -> list[int]:
+    """Delete published checkpoints (their Hugging Face folder at ``hf``) beyond the newest ``keep``, except the
+    ``pinned`` steps (an eval of them is still running). Returns the steps deleted."""
     if keep is None:
         return []
-    steps = published_steps(run_dir)
+    steps = published_steps(run_dir, hf)
     doomed = [s for s in steps[: max(0, len(steps) - keep)] if s not in pinned]
     for step in doomed:
         shutil.rmtree(published_folder(run_dir, step), ignore_errors=True)

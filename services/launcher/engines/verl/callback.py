@@ -19,10 +19,9 @@ from typing import Any
 
 from runctl.events import CheckpointSaved, PluginFailed
 from services.launcher.engines.verl.outbox import post
-from services.launcher.trainer.checkpoints import folder_bytes
+from services.launcher.trainer.checkpoints import VERL_HF, folder_bytes
 
 log = logging.getLogger(__name__)
-HF_FOLDER = Path("actor") / "huggingface"
 
 
 def run_dir_of(default_local_dir: str) -> Path:
@@ -55,7 +54,7 @@ class CheckpointAnnouncer:
     def _announce(self, step: int, folder: Path, async_save: bool) -> None:
         if self.run_dir is None:
             raise RuntimeError("verl gave the callback no config, so runctl cannot find the run folder")
-        hf = folder / HF_FOLDER
+        hf = folder / VERL_HF
         if async_save:
             raise RuntimeError(
                 f"step {step} was saved asynchronously: its files may still be in flight, so it is not announced. "

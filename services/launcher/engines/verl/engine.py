@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from runctl import verl as verl_contract
 from runctl.config import TrainConfig
 from runctl.events import CheckpointSaved, ReplicasReady, StepDone
 from services.launcher.engines.base import Outcome, RunContext
-from services.launcher.engines.verl.callback import HF_FOLDER, CheckpointAnnouncer
+from services.launcher.engines.verl.callback import CheckpointAnnouncer
 from services.launcher.engines.verl.outbox import OutboxReader
 from services.launcher.engines.verl.prepare import prepare
 from services.launcher.engines.verl.steplog import StepLog
@@ -159,9 +158,9 @@ class Reader:
             return
         # Saves finish one after another, so every folder up to the step named is complete: a look that missed one
         # (two saves within a poll) announces it too.
-        saved = [k for k in checkpoints.published_steps(self.ctx.run_dir, HF_FOLDER) if self.tracked < k < step] + [
-            step
-        ]
+        saved = [
+            k for k in checkpoints.published_steps(self.ctx.run_dir, checkpoints.VERL_HF) if self.tracked < k < step
+        ] + [step]
         self.tracked = step
         announcer = CheckpointAnnouncer.for_run(self.ctx.run_dir)
         for k in saved:
@@ -190,10 +189,8 @@ class Reader:
         if keep is None:
             return
         pinned = await self.ctx.pinned_checkpoints()
-        for step in sorted(self.announced)[: max(0, len(self.announced) - keep)]:
-            if step not in pinned:
-                await asyncio.to_thread(shutil.rmtree, checkpoints.published_folder(self.ctx.run_dir, step), True)
-                self.announced.remove(step)
+        deleted = await asyncio.to_thread(checkpoints.prune, self.ctx.run_dir, keep, pinned, checkpoints.VERL_HF)
+        self.announced = [s for s in self.announced if s not in deleted]
         await self.ctx.save(verl_checkpoints=self.announced)
 
 
