@@ -591,6 +591,89 @@ def proxy_serve(
     )
 
 
+team_app = typer.Typer(
+    help="Teams of a shared cluster (admin): quotas, fair-share weight and the token each team connects with.",
+    no_args_is_help=True,
+)
+app.add_typer(team_app, name="team")
+GpusOpt = Annotated[float, typer.Option(help="GPUs the team may hold at once.")]
+CpusOpt = Annotated[float, typer.Option(help="CPUs the team's CPU runs may hold at once.")]
+SandboxesOpt = Annotated[int, typer.Option(help="Sandboxes the team may hold at once.")]
+WeightOpt = Annotated[float, typer.Option(help="The team's fair share of the cluster against the others'.")]
+TeamArg = Annotated[str, typer.Argument(help="The team's name.", show_default=False)]
+
+
+async def _registry_call(work: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
+    from runctl.teams import TeamRegistry
+
+    async with _client() as client:
+        return await work(TeamRegistry(await client.bus()))
+
+
+def _print_token(name: str, token: str, what: str) -> None:
+    console = _console()
+    console.print(f"[green]{what}[/] team {name}. Its token, shown this once (keep it secret; rotate it if it leaks):")
+    console.print(f"  RUNCTL_TOKEN={token}")
+    console.print(f"  bus credentials: user {name}, password the token; RUNCTL_NATS_INBOX_PREFIX=_INBOX_{name}")
+
+
+@team_app.command("add")
+def team_add(
+    name: TeamArg, gpus: GpusOpt = 0, cpus: CpusOpt = 0, sandboxes: SandboxesOpt = 0, weight: WeightOpt = 1.0
+) -> None:
+    """Add a team with its quotas and weight; prints its token once."""
+    team, token = _run(lambda: _registry_call(lambda r: r.add(name, gpus, cpus, sandboxes, weight)))
+    _print_token(team.name, token, "added")
+
+
+@team_app.command("list")
+def team_list() -> None:
+    """Every team with its quotas and weight (never a token)."""
+    from rich.table import Table
+
+    teams = _run(lambda: _registry_call(lambda r: r.all()))
+    table = Table(box=None, pad_edge=False)
+    for column in ("team", "gpus", "cpus", "sandboxes", "weight"):
+        table.add_column(column)
+    for team in teams:
+        table.add_row(team.name, f"{team.gpus:g}", f"{team.cpus:g}", str(team.sandboxes), f"{team.weight:g}")
+    _console().print(table if teams else "no teams yet: `runctl team add NAME` adds one")
+
+
+@team_app.command("set")
+def team_set(
+    name: TeamArg,
+    gpus: Annotated[float | None, typer.Option(help="GPUs the team may hold at once.")] = None,
+    cpus: Annotated[float | None, typer.Option(help="CPUs the team's CPU runs may hold at once.")] = None,
+    sandboxes: Annotated[int | None, typer.Option(help="Sandboxes the team may hold at once.")] = None,
+    weight: Annotated[float | None, typer.Option(help="The team's fair share against the others'.")] = None,
+) -> None:
+    """Change a team's quotas or weight."""
+    changes = {
+        k: v for k, v in (("gpus", gpus), ("cpus", cpus), ("sandboxes", sandboxes), ("weight", weight)) if v is not None
+    }
+    if not changes:
+        raise typer.BadParameter("give at least one of --gpus, --cpus, --sandboxes, --weight")
+    team = _run(lambda: _registry_call(lambda r: r.update(name, **changes)))
+    _console().print(
+        f"team {team.name}: gpus {team.gpus:g}, cpus {team.cpus:g}, sandboxes {team.sandboxes}, weight {team.weight:g}"
+    )
+
+
+@team_app.command("rotate")
+def team_rotate(name: TeamArg) -> None:
+    """Give a team a new token; the old one stops working. Prints the new token once."""
+    team, token = _run(lambda: _registry_call(lambda r: r.rotate(name)))
+    _print_token(team.name, token, "rotated the token of")
+
+
+@team_app.command("remove")
+def team_remove(name: TeamArg) -> None:
+    """Remove a team: its token stops working. Its runs and their records stay."""
+    _run(lambda: _registry_call(lambda r: r.remove(name)))
+    _console().print(f"removed team {name}")
+
+
 tracker_app = typer.Typer(help="The tracker: the run record in SQL, its API and dashboard.", no_args_is_help=True)
 app.add_typer(tracker_app, name="tracker")
 

@@ -1,0 +1,184 @@
+"""The team registry: each team's quotas and weight (what the launcher admits against) and its token, kept only as
+hashes.
+
+A token is 256 random bits (``rct_`` and 43 URL-safe characters), shown once when a team is added or its token
+rotated. The registry keeps two hashes of it: SHA-256 for the API (a token has too much entropy for a fast hash to
+matter, and every request is checked), and bcrypt for ``nats-server``, which checks a bcrypt hash in place of a
+password (``runctl.natsauth``): a team connects to the bus as user ``<team>`` with its token as password.
+
+The registry lives in a JetStream key-value bucket the services read and only an admin writes; every change is a
+compare-and-set on the team's entry, so two admins never overwrite each other unseen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, replace
+
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from runctl.bus import Bus
+from runctl.bus.kv import bucket_keys, open_bucket
+from runctl.errors import RunctlError
+from runctl.subjects import kv_bucket
+
+BUCKET = kv_bucket("teams")
+TOKEN_PREFIX = "rct_"
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+RESERVED = frozenset({"runctl", "admin", "default"})
+
+
+class TeamError(RunctlError):
+    """A team registry operation that cannot be done (unknown team, name taken, bad name)."""
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def nats_hash(token: str) -> str:
+    import bcrypt
+
+    return bcrypt.hashpw(token.encode(), bcrypt.gensalt()).decode()
+
+
+@dataclass(frozen=True)
+class Team:
+    name: str
+    gpus: float = 0.0
+    cpus: float = 0.0
+    sandboxes: int = 0
+    weight: float = 1.0
+    token_sha256: str = ""
+    nats_bcrypt: str = ""
+    created: float = 0.0
+    rotated: float = 0.0
+
+    def accepts(self, token: str) -> bool:
+        """True when ``token`` is this team's (compared in constant time)."""
+        return bool(self.token_sha256) and hmac.compare_digest(self.token_sha256, token_digest(token))
+
+    def with_token(self, token: str) -> Team:
+        return replace(self, token_sha256=token_digest(token), nats_bcrypt=nats_hash(token), rotated=time.time())
+
+    def public(self) -> dict[str, object]:
+        """What `team list` shows: everything but the hashes."""
+        return {k: v for k, v in asdict(self).items() if k not in ("token_sha256", "nats_bcrypt")}
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name) or name in RESERVED:
+        raise TeamError(
+            f"{name!r} cannot be a team name. Fix: 1 to 32 characters, lower-case letters, digits, '-' and '_', "
+            f"starting with a letter, and none of {', '.join(sorted(RESERVED))}."
+        )
+    return name
+
+
+class TeamRegistry:
+    """The registry in its KV bucket (one key per team)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self._kv: KeyValue | None = None
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await open_bucket(self.bus.js, BUCKET)
+        return self._kv
+
+    async def get(self, name: str) -> Team | None:
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(name)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return Team(**json.loads(entry.value)) if entry.value else None
+
+    async def all(self) -> list[Team]:
+        teams = [await self.get(key) for key in await bucket_keys(self.bus.js, BUCKET)]
+        return sorted((t for t in teams if t is not None), key=lambda t: t.name)
+
+    async def add(self, name: str, gpus: float, cpus: float, sandboxes: int, weight: float) -> tuple[Team, str]:
+        """A new team and its token (the only time the token exists outside its holder)."""
+        check_name(name)
+        _check_quota(gpus, cpus, sandboxes, weight)
+        token = new_token()
+        team = Team(name, gpus, cpus, sandboxes, weight, created=time.time()).with_token(token)
+        kv = await self._bucket()
+        try:
+            await kv.create(name, json.dumps(asdict(team)).encode())
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise TeamError(f"team {name} exists already. Fix: `runctl team set {name}` to change it.") from e
+        return team, token
+
+    async def update(self, name: str, **changes: float) -> Team:
+        """The team with its quotas or weight changed (a compare-and-set on its entry)."""
+        unknown = set(changes) - {"gpus", "cpus", "sandboxes", "weight"}
+        if unknown:
+            raise TeamError(f"a team has no {', '.join(sorted(unknown))}. Fix: change gpus, cpus, sandboxes or weight.")
+        team, revision = await self._current(name)
+        fields = asdict(team) | changes
+        changed = Team(**{**fields, "sandboxes": int(fields["sandboxes"])})
+        _check_quota(changed.gpus, changed.cpus, changed.sandboxes, changed.weight)
+        await self._write(changed, revision)
+        return changed
+
+    async def rotate(self, name: str) -> tuple[Team, str]:
+        """A new token for the team; the old one stops working (on the bus once its config is reloaded)."""
+        team, revision = await self._current(name)
+        token = new_token()
+        rotated = team.with_token(token)
+        await self._write(rotated, revision)
+        return rotated, token
+
+    async def remove(self, name: str) -> None:
+        await self._current(name)
+        kv = await self._bucket()
+        await kv.purge(name)
+
+    async def by_token(self, token: str) -> Team | None:
+        """The team whose token this is, or None."""
+        if not token.startswith(TOKEN_PREFIX):
+            return None
+        for team in await self.all():
+            if team.accepts(token):
+                return team
+        return None
+
+    async def _current(self, name: str) -> tuple[Team, int]:
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(name)
+        except nats.js.errors.KeyNotFoundError:
+            entry = None
+        if entry is None or not entry.value:
+            raise TeamError(f"there is no team {name!r}. Fix: `runctl team list` shows the teams.")
+        return Team(**json.loads(entry.value)), int(entry.revision or 0)
+
+    async def _write(self, team: Team, revision: int) -> None:
+        kv = await self._bucket()
+        try:
+            await kv.update(team.name, json.dumps(asdict(team)).encode(), last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise TeamError(
+                f"team {team.name} was changed by someone else meanwhile. Fix: run the command again."
+            ) from e
+
+
+def _check_quota(gpus: float, cpus: float, sandboxes: int, weight: float) -> None:
+    if min(gpus, cpus, sandboxes) < 0 or weight <= 0:
+        raise TeamError(
+            f"quotas cannot be negative and the weight must be above 0 (got gpus={gpus:g}, cpus={cpus:g}, "
+            f"sandboxes={sandboxes}, weight={weight:g}). Fix: give values ≥ 0 and a weight > 0."
+        )

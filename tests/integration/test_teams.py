@@ -1,0 +1,126 @@
+"""The team registry on a real nats-server: tokens shown once and kept only as hashes, quotas changed by
+compare-and-set, and a rotated token cut off from the bus within seconds of nats-server reloading its users."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bcrypt
+import nats
+import pytest
+
+from runctl.bus import Bus
+from runctl.bus.kv import bucket_keys
+from runctl.natsauth import SERVICES_USER, NatsUser, inbox_prefix, server_config
+from runctl.stack import nats_server_binary
+from runctl.teams import BUCKET, TeamError, TeamRegistry, token_digest
+from tests.conftest import ROOT, NatsServer, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+RUNCTL = str(Path(sys.executable).parent / "runctl")
+
+
+async def test_a_token_is_shown_once_kept_as_hashes_and_checked(nats_server: NatsServer) -> None:
+    bus = await Bus.connect(nats_server.url)
+    try:
+        registry = TeamRegistry(bus)
+        team, token = await registry.add("nlp", gpus=16, cpus=64, sandboxes=32, weight=2)
+        assert token.startswith("rct_") and len(token) - 4 >= 43  # 256 random bits, URL-safe
+        stored = [(await (await bus.js.key_value(BUCKET)).get(k)).value for k in await bucket_keys(bus.js, BUCKET)]
+        assert stored and all(token.encode() not in (value or b"") for value in stored)
+        assert team.token_sha256 == token_digest(token) and bcrypt.checkpw(token.encode(), team.nats_bcrypt.encode())
+        assert (await registry.by_token(token)) == team and await registry.by_token(token[:-1] + "x") is None
+        with pytest.raises(TeamError, match="exists already"):
+            await registry.add("nlp", 1, 1, 1, 1)
+        with pytest.raises(TeamError, match="cannot be a team name"):
+            await registry.add("Admin", 1, 1, 1, 1)
+        changed = await registry.update("nlp", gpus=8, weight=3)
+        assert (changed.gpus, changed.weight, changed.sandboxes) == (8, 3, 32)
+        with pytest.raises(TeamError, match="weight must be above 0"):
+            await registry.update("nlp", weight=0)
+        rotated, new = await registry.rotate("nlp")
+        assert not rotated.accepts(token) and rotated.accepts(new) and await registry.by_token(token) is None
+        await registry.remove("nlp")
+        assert await registry.get("nlp") is None and await registry.by_token(new) is None
+        with pytest.raises(TeamError, match="no team 'nlp'"):
+            await registry.rotate("nlp")
+    finally:
+        await bus.close()
+
+
+def test_the_team_commands_print_the_token_once_and_never_list_it(nats_server: NatsServer, tmp_path: Path) -> None:
+    env = {"RUNCTL_NATS_URL": nats_server.url, "RUNCTL_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+
+    def runctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([RUNCTL, "team", *args], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+    added = runctl("add", "vision", "--gpus", "8", "--sandboxes", "16", "--weight", "2")
+    assert added.returncode == 0, added.stderr
+    (token,) = [line.split("=", 1)[1] for line in added.stdout.splitlines() if "RUNCTL_TOKEN=" in line]
+    listed = runctl("list")
+    assert "vision" in listed.stdout and token not in listed.stdout and "16" in listed.stdout
+    assert runctl("set", "vision", "--gpus", "4").stdout.startswith("team vision: gpus 4")
+    again = runctl("add", "vision")
+    assert again.returncode == 1 and "exists already" in again.stderr and "runctl team set vision" in again.stderr
+    rotated = runctl("rotate", "vision")
+    assert "RUNCTL_TOKEN=" in rotated.stdout and token not in rotated.stdout
+    assert runctl("remove", "vision").returncode == 0
+    assert "no teams yet" in runctl("list").stdout
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_a_rotated_token_is_cut_off_from_the_bus_within_seconds_of_the_reload(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    admin_bus = await Bus.connect(nats_server.url)
+    registry = TeamRegistry(admin_bus)
+    _, old = await registry.add("nlp", gpus=1, cpus=1, sandboxes=1, weight=1)
+    services = NatsUser(SERVICES_USER, bcrypt.hashpw(b"svc", bcrypt.gensalt(rounds=4)).decode())
+    port, conf = free_port(), tmp_path / "secured.conf"
+
+    async def write_config() -> None:
+        users = [NatsUser(t.name, t.nats_bcrypt) for t in await registry.all()]
+        conf.write_text(server_config(f"127.0.0.1:{port}", str(tmp_path / "js"), services, None, users))
+
+    await write_config()
+    with (tmp_path / "secured.log").open("wb") as log:
+        proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    disconnected = asyncio.Event()
+
+    async def on_disconnect() -> None:
+        disconnected.set()
+
+    try:
+        wait_until(lambda: _listening(port), 10, "the secured nats-server")
+        url = f"nats://127.0.0.1:{port}"
+        team = await nats.connect(
+            url, user="nlp", password=old, inbox_prefix=inbox_prefix("nlp"), allow_reconnect=False,
+            disconnected_cb=on_disconnect,
+        )  # fmt: skip
+        _, new = await registry.rotate("nlp")
+        await write_config()
+        rotated_at = time.monotonic()
+        proc.send_signal(signal.SIGHUP)  # nats-server reloads its configuration
+        await asyncio.wait_for(disconnected.wait(), 10)
+        cut_after = time.monotonic() - rotated_at
+        with pytest.raises(Exception, match="[Aa]uthorization"):
+            await nats.connect(url, user="nlp", password=old, allow_reconnect=False, max_reconnect_attempts=0)
+        fresh = await nats.connect(url, user="nlp", password=new, inbox_prefix=inbox_prefix("nlp"))
+        await fresh.publish("runctl.nlp.r1.x", b"ok")
+        await fresh.close()
+        assert team.is_closed or not team.is_connected
+        print(f"the old token's connection was cut {cut_after:.2f}s after the reload")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        await admin_bus.close()
