@@ -13,16 +13,18 @@ import getpass
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from nats.js import api
+
 from runctl.bus.client import Bus
 from runctl.config.loader import ResolvedConfig, load_config
-from runctl.errors import DuplicateRunError, RunNotFoundError, TrackerError
+from runctl.errors import DuplicateRunError, RunctlError, RunNotFoundError, TrackerError
 from runctl.events import CancelRequested, ConfigSubmitted, Event, new_event, parse_event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
 from runctl.events.state import TERMINAL, target_state
@@ -195,7 +197,16 @@ class RunctlClient:
             DuplicateRunError: JetStream's acknowledgement says it already had this event id.
         """
         bus = await self.bus()
-        await bus.ensure_streams()
+        if bus.team is None:
+            await bus.ensure_streams()  # the embedded stack's open bus; on a shared cluster the services made them
+        elif event.team != bus.team:
+            raise RunctlError(
+                f"the config says TEAM={event.team} but your token is team {bus.team}'s: the bus takes events of "
+                f"your own team only, so nothing was sent. Fix: set TEAM={bus.team}, or use team {event.team}'s "
+                "token.",
+                run_id=event.runid,
+                team=event.team,
+            )
         ack = await bus.publish(event)
         if ack.duplicate:
             raise DuplicateRunError(
@@ -232,7 +243,7 @@ class RunctlClient:
             await queue.put(parse_event(msg.data))
 
         streams = [RUNS_STREAM, TRIALS_STREAM] if include_trials else [RUNS_STREAM]
-        subs = [await bus.js.subscribe(run_filter(run_id), stream=s, ordered_consumer=True, cb=push) for s in streams]
+        subs = [await _watch_consumer(bus, s, run_id, push) for s in streams]
         ending: Event | None = None
         trial_ids: set[str] = set()
         try:
@@ -321,3 +332,18 @@ async def import_events(client: RunctlClient, run_dir: Path) -> tuple[int, int]:
 
 def _num_trials(ending: Event) -> int:
     return int(getattr(ending.data, "num_trials", 0))
+
+
+async def _watch_consumer(bus: Bus, stream: str, run_id: str, push: Callable[[Any], Awaitable[None]]) -> Any:
+    """A consumer of a run's events in ``stream`` from the first. On a team's connection it is named and filtered to
+    the team's own subjects, the only consumers the bus lets a team make (runctl.natsauth): it is pushed to the
+    team's inbox, acks nothing, and lapses on its own once idle. Elsewhere, an ordered consumer."""
+    if bus.team is None:
+        return await bus.js.subscribe(run_filter(run_id), stream=stream, ordered_consumer=True, cb=push)
+    config = api.ConsumerConfig(
+        name=f"{bus.team}-watch-{secrets.token_hex(8)}",
+        ack_policy=api.AckPolicy.NONE,
+        deliver_policy=api.DeliverPolicy.ALL,
+        inactive_threshold=60.0,
+    )
+    return await bus.js.subscribe(run_filter(run_id, bus.team), stream=stream, config=config, cb=push)

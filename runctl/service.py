@@ -73,7 +73,7 @@ class ServiceRuntime:
     async def start(self) -> Bus:
         """Connect (reconnecting forever afterwards), make the streams, serve ``/metrics`` and answer health
         probes."""
-        self.bus = await Bus.connect(self.nats_url, name=f"runctl-{self.name}", reconnect=True)
+        self.bus = await Bus.connect(self.nats_url, name=f"runctl-{self.name}", reconnect=True, as_team=False)
         await self.bus.ensure_streams()
         await self.bus.nc.subscribe(health_subject(self.name), cb=self._health)
         log.info("connected to %s", masked_url(self.bus.url))

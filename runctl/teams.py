@@ -1,10 +1,12 @@
 """The team registry: each team's quotas and weight (what the launcher admits against) and its token, kept only as
 hashes.
 
-A token is 256 random bits (``rct_`` and 43 URL-safe characters), shown once when a team is added or its token
-rotated. The registry keeps two hashes of it: SHA-256 for the API (a token has too much entropy for a fast hash to
-matter, and every request is checked), and bcrypt for ``nats-server``, which checks a bcrypt hash in place of a
-password (``runctl.natsauth``): a team connects to the bus as user ``<team>`` with its token as password.
+A token is ``rct_<team>.`` and 256 random bits (43 URL-safe characters), shown once when a team is added or its
+token rotated; the team it names is who presents it (``team_of_token``), and the registry checks the rest. The
+registry keeps two hashes of it: SHA-256 for the API (a token has too much entropy for a fast hash to matter, and
+every request is checked), and bcrypt for ``nats-server``, which checks a bcrypt hash in place of a password
+(``runctl.natsauth``): a team connects to the bus as user ``<team>`` with its token as password (``RUNCTL_TOKEN`` or
+a credentials file, read by the CLI and SDK for every call).
 
 The registry lives in a JetStream key-value bucket the services read and only an admin writes; every change is a
 compare-and-set on the team's entry, so two admins never overwrite each other unseen.
@@ -38,8 +40,17 @@ class TeamError(RunctlError):
     """A team registry operation that cannot be done (unknown team, name taken, bad name)."""
 
 
-def new_token() -> str:
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+def new_token(team: str) -> str:
+    return f"{TOKEN_PREFIX}{team}.{secrets.token_urlsafe(32)}"
+
+
+def team_of_token(token: str) -> str | None:
+    """The team a token names (not yet checked), or None when it is not a runctl token."""
+    head, dot, rest = token.partition(".")
+    if not head.startswith(TOKEN_PREFIX) or not dot or len(rest) < 43:
+        return None
+    team = head.removeprefix(TOKEN_PREFIX)
+    return team if _NAME.fullmatch(team) else None
 
 
 def token_digest(token: str) -> str:
@@ -113,7 +124,7 @@ class TeamRegistry:
         """A new team and its token (the only time the token exists outside its holder)."""
         check_name(name)
         _check_quota(gpus, cpus, sandboxes, weight)
-        token = new_token()
+        token = new_token(name)
         team = Team(name, gpus, cpus, sandboxes, weight, created=time.time()).with_token(token)
         kv = await self._bucket()
         try:
@@ -137,7 +148,7 @@ class TeamRegistry:
     async def rotate(self, name: str) -> tuple[Team, str]:
         """A new token for the team; the old one stops working (on the bus once its config is reloaded)."""
         team, revision = await self._current(name)
-        token = new_token()
+        token = new_token(name)
         rotated = team.with_token(token)
         await self._write(rotated, revision)
         return rotated, token
@@ -149,12 +160,9 @@ class TeamRegistry:
 
     async def by_token(self, token: str) -> Team | None:
         """The team whose token this is, or None."""
-        if not token.startswith(TOKEN_PREFIX):
-            return None
-        for team in await self.all():
-            if team.accepts(token):
-                return team
-        return None
+        name = team_of_token(token)
+        team = await self.get(name) if name else None
+        return team if team is not None and team.accepts(token) else None
 
     async def _current(self, name: str) -> tuple[Team, int]:
         kv = await self._bucket()

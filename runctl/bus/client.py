@@ -13,11 +13,13 @@ consumer is idempotent for repeats outside it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -48,6 +50,37 @@ def nats_url(explicit: str | None = None) -> str:
 
     state = read_stack_state()
     return state.nats_url if state is not None else DEFAULT_URL
+
+
+def credentials() -> tuple[str, str] | None:
+    """(team, token) from ``$RUNCTL_TOKEN``, else from the credentials file (``$RUNCTL_CREDENTIALS``, else
+    ``$RUNCTL_HOME/credentials``; a line ``RUNCTL_TOKEN=...``); None when neither gives one (the embedded stack's
+    open bus, or a service's URL with its own user).
+
+    Raises:
+        BusError: the token given is not a runctl team token.
+    """
+    from runctl.teams import team_of_token
+
+    token = os.environ.get("RUNCTL_TOKEN", "").strip()
+    if not token:
+        from runctl.home import home
+
+        path = Path(os.environ.get("RUNCTL_CREDENTIALS") or home() / "credentials")
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "RUNCTL_TOKEN":
+                    token = value.strip().strip("'\"")
+    if not token:
+        return None
+    team = team_of_token(token)
+    if team is None:
+        raise BusError(
+            "RUNCTL_TOKEN is not a runctl team token (rct_<team>.…), so nothing was sent. Fix: use the token "
+            "`runctl team add` or `runctl team rotate` printed for your team."
+        )
+    return team, token
 
 
 def masked_url(url: str) -> str:
@@ -202,15 +235,21 @@ class Bus:
         self._ack_prefix = ""
         self._ack_seq = 0
         self._ack_batches: dict[int, _AckBatch] = {}
+        self.team: str | None = None
+        """The team this connection is (from its token), whose subjects alone it may read and write."""
 
     @classmethod
-    async def connect(cls, url: str | None = None, *, name: str = "runctl", reconnect: bool = False) -> Bus:
+    async def connect(
+        cls, url: str | None = None, *, name: str = "runctl", reconnect: bool = False, as_team: bool = True
+    ) -> Bus:
         """Connect to the bus.
 
         Args:
             url: NATS URL; see :func:`nats_url` for the default.
             name: client name shown in the server's connection list.
             reconnect: keep reconnecting forever after a lost connection (services); a CLI fails fast.
+            as_team: log in with the team token of :func:`credentials` when there is one and the URL names no user
+                (the CLI and SDK); services and runners pass False, as they never act as a team.
 
         Raises:
             BusUnreachableError: no server answered.
@@ -223,23 +262,34 @@ class Bus:
             if reconnect:
                 log.warning("nats: %s", error)
 
+        login = credentials() if as_team and "@" not in target.partition("://")[2] else None
+        who: dict[str, Any] = {}
+        inbox = os.environ.get("RUNCTL_NATS_INBOX_PREFIX", "_INBOX")
+        if login is not None:
+            from runctl.natsauth import inbox_prefix
+
+            who = {"user": login[0], "password": login[1]}
+            inbox = os.environ.get("RUNCTL_NATS_INBOX_PREFIX") or inbox_prefix(login[0])
         try:
             nc = await nats.connect(
                 target,
                 name=name,
+                **who,
                 connect_timeout=2,
                 allow_reconnect=reconnect,
                 # nats-py loops forever on 0; 1 means: try, wait reconnect_time_wait, try once more, give up.
                 max_reconnect_attempts=-1 if reconnect else 1,
-                # A team user of a shared cluster receives replies only under its own prefix (deploy/nats/).
-                inbox_prefix=os.environ.get("RUNCTL_NATS_INBOX_PREFIX", "_INBOX"),
+                # A team user of a shared cluster receives replies only under its own prefix (runctl.natsauth).
+                inbox_prefix=inbox,
                 reconnect_time_wait=0.5,
                 error_cb=remember,
             )
         except (OSError, TimeoutError, nats.errors.Error) as e:
             reason = errors[-1] if errors else e
             raise BusUnreachableError(masked_url(target), str(reason) or type(reason).__name__) from e
-        return cls(nc, target)
+        bus = cls(nc, target)
+        bus.team = login[0] if login is not None else None
+        return bus
 
     async def ensure_streams(self, limits: StreamLimits = StreamLimits()) -> None:
         """Create the streams, or bring an existing one's subjects and limits up to date. Safe to race."""

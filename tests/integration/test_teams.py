@@ -124,3 +124,49 @@ async def test_a_rotated_token_is_cut_off_from_the_bus_within_seconds_of_the_rel
         proc.terminate()
         proc.wait(10)
         await admin_bus.close()
+
+
+async def test_a_team_watches_its_own_run_with_its_token_and_sees_no_other_teams(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runctl.config import resolve_text
+    from runctl.errors import BusError, RunctlError
+    from runctl.events import RunQueued, RunSucceeded, new_event
+    from runctl.sdk import RunctlClient
+
+    admin_bus = await Bus.connect(nats_server.url)
+    registry = TeamRegistry(admin_bus)
+    _, token = await registry.add("nlp", gpus=1, cpus=1, sandboxes=1, weight=1)
+    await registry.add("vision", gpus=1, cpus=1, sandboxes=1, weight=1)
+    services = NatsUser(SERVICES_USER, bcrypt.hashpw(b"svc", bcrypt.gensalt(rounds=4)).decode())
+    port, conf = free_port(), tmp_path / "secured.conf"
+    users = [NatsUser(t.name, t.nats_bcrypt) for t in await registry.all()]
+    conf.write_text(server_config(f"127.0.0.1:{port}", str(tmp_path / "js"), services, None, users))
+    with (tmp_path / "secured.log").open("wb") as log:
+        proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: _listening(port), 10, "the secured nats-server")
+        url = f"nats://127.0.0.1:{port}"
+        svc = await Bus.connect(f"nats://{SERVICES_USER}:svc@127.0.0.1:{port}")
+        await svc.ensure_streams()
+        for team in ("vision", "nlp"):  # the same run id in two teams
+            await svc.publish(new_event(RunQueued(position=0, reason=team), team=team, run_id="r1", source="t"))
+            await svc.publish(new_event(RunSucceeded(), team=team, run_id="r1", source="t"))
+        await svc.close()
+        monkeypatch.setenv("RUNCTL_TOKEN", token)
+        async with RunctlClient(nats_url=url) as client:
+            seen = [e async for e in client.watch("r1", include_trials=False)]
+        assert [(e.team, e.name) for e in seen] == [("nlp", "run.queued"), ("nlp", "run.succeeded")]
+        preview = (ROOT / "configs" / "examples" / "preview.env").read_text()
+        async with RunctlClient(nats_url=url) as client:
+            submitted = await client.submit(resolve_text(preview + "TEAM=nlp\n", "preview.env", environ={}))
+            assert submitted.team == "nlp"
+            with pytest.raises(RunctlError, match="TEAM=vision but your token is team nlp's"):
+                await client.submit(resolve_text(preview + "TEAM=vision\n", "preview.env", environ={}))
+        monkeypatch.setenv("RUNCTL_TOKEN", "not-a-token")
+        with pytest.raises(BusError, match="not a runctl team token"):
+            await Bus.connect(url)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        await admin_bus.close()

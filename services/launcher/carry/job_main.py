@@ -37,7 +37,7 @@ async def requester(bus: Bus, team: str, run_id: str) -> str:
 
 async def main(team: str, run_id: str) -> int:
     setup_logging("runner")
-    bus = await Bus.connect(None, name=f"runctl-runner-{run_id}", reconnect=True)
+    bus = await Bus.connect(None, name=f"runctl-runner-{run_id}", reconnect=True, as_team=False)
     try:
         ledger = await Ledger.open(bus)
         entry = await ledger.get(run_id)
