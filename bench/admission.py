@@ -41,6 +41,8 @@ from services.launcher.admission import (
 )
 
 WEIGHTS = (1, 1, 2, 2, 3, 3, 4, 5, 8, 10)
+P99_TARGET_S = 0.05  # one decision over the whole queue, well inside the launcher's reaction time
+SHARE_TARGET = (0.75, 1.5)  # each team's share over its weight's, while every team waits
 CLUSTER = Resources(gpus=256, cpus=256, sandboxes=2048)
 GPU_TIME = "__gpus__"
 Policy = Callable[[Sequence[QueuedRun], Mapping[str, Resources], Mapping[str, TeamQuota], Resources], Decision]
@@ -140,6 +142,18 @@ def main() -> None:
         want = weight / weight_total
         got, fifo_got = drf_shares[team] / drf_total, fifo_shares[team] / fifo_total
         print(f"{team:7s} {weight:6d}  {want:11.1%}  {got:9.1%}  {got / want:10.2f}  {fifo_got:10.1%}")
+    p99 = percentile(results["drf"][0], 0.99)
+    ratios = [drf_shares[f"team{i}"] / drf_total / (w / weight_total) for i, w in enumerate(WEIGHTS)]
+    low, high = SHARE_TARGET
+    print("== summary")
+    print(
+        f"   decision p99 {p99 * 1e3:.1f} ms   target < {P99_TARGET_S * 1e3:.0f} ms   "
+        f"{'met' if p99 < P99_TARGET_S else 'NOT met'}"
+    )
+    print(
+        f"   share / weight {min(ratios):.2f}–{max(ratios):.2f}   target within {low}–{high}   "
+        f"{'met' if low <= min(ratios) and max(ratios) <= high else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -674,6 +674,43 @@ def team_remove(name: TeamArg) -> None:
     _console().print(f"removed team {name}")
 
 
+@team_app.command("nats-config")
+def team_nats_config(
+    out: Annotated[Path, typer.Option(help="Where to write nats-server's configuration (mode 0600).")],
+    listen: Annotated[str, typer.Option(help="host:port nats-server listens on.")] = "127.0.0.1:4222",
+    store: Annotated[Path, typer.Option(help="Where JetStream keeps its streams.")] = Path("/var/lib/runctl/jetstream"),
+    bootstrap: Annotated[
+        bool, typer.Option(help="The services and the admin only, without the registry: the first start of the bus.")
+    ] = False,
+) -> None:
+    """Write nats-server's configuration from the team registry: the services' user (password from
+    $RUNCTL_SERVICES_PASSWORD), the admin (from $RUNCTL_ADMIN_PASSWORD), and each team's user with its permissions.
+    Reload nats-server after (SIGHUP): a removed team or a rotated token is cut off within seconds."""
+    import bcrypt
+
+    from runctl.errors import RunctlError
+    from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, server_config
+
+    passwords = {}
+    for user, variable in ((SERVICES_USER, "RUNCTL_SERVICES_PASSWORD"), (ADMIN_USER, "RUNCTL_ADMIN_PASSWORD")):
+        if not os.environ.get(variable):
+            raise RunctlError(f"${variable} is not set, so the {user} user would have no password. Fix: set it.")
+        passwords[user] = bcrypt.hashpw(os.environ[variable].encode(), bcrypt.gensalt()).decode()
+    teams = [] if bootstrap else _run(lambda: _registry_call(lambda r: r.all()))
+    text = server_config(
+        listen,
+        str(store),
+        NatsUser(SERVICES_USER, passwords[SERVICES_USER]),
+        NatsUser(ADMIN_USER, passwords[ADMIN_USER]),
+        [NatsUser(t.name, t.nats_bcrypt) for t in teams],
+    )
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o600)
+    tmp.replace(out)
+    _console().print(f"wrote {out}: {len(teams)} team(s). Reload nats-server to apply it (kill -HUP <its pid>).")
+
+
 tracker_app = typer.Typer(help="The tracker: the run record in SQL, its API and dashboard.", no_args_is_help=True)
 app.add_typer(tracker_app, name="tracker")
 

@@ -287,8 +287,9 @@ def test_the_sandbox_benchmark_runs_and_prints_its_figures(docker_host: str) -> 
         ["bench/bus.py", "--rounds", "1", "--events", "300", "--rate", "200", "--duration", "1", "--warmup", "0.2"],
         ["bench/proxy.py", "--rounds", "1", "--batch", "50", "--throughput-rounds", "1", "--seconds", "1"],
         ["bench/tracker.py", "--backlog", "1500", "--rate", "500", "--duration", "1", "--steps", "300"],
+        ["bench/admission.py", "--runs-per-team", "30"],
     ],
-    ids=["cli", "validate", "bus", "proxy", "tracker"],
+    ids=["cli", "validate", "bus", "proxy", "tracker", "admission"],
 )
 def test_the_benchmarks_the_readme_names_run_and_print_their_figures(argv: list[str]) -> None:
     assert f"python {argv[0]}" in README

@@ -1,14 +1,19 @@
-"""deploy/nats/runctl.conf on a real nats-server: a team publishes only as itself, and can still run and watch."""
+"""nats-server configured from the team registry (`runctl team nats-config`): a team publishes only as itself, and
+submits and watches its runs with its token alone."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import nats
 import pytest
 
 from runctl.bus import Bus
@@ -21,24 +26,35 @@ from tests.conftest import ROOT, Services, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
-PASSWORDS = {"RUNCTL_SERVICES_PASSWORD": "svc-pw", "TEAM_NLP_PASSWORD": "nlp-pw", "TEAM_VISION_PASSWORD": "vis-pw"}
+SECRETS = {"RUNCTL_SERVICES_PASSWORD": "svc-pw", "RUNCTL_ADMIN_PASSWORD": "admin-pw"}
+RUNCTL = str(Path(sys.executable).parent / "runctl")
+
+
+@dataclass
+class Secured:
+    port: int
+    tokens: dict[str, str]
+
+
+def _runctl(*args: str, nats_url: str, home: Path) -> str:
+    env = {**os.environ, **SECRETS, "RUNCTL_NATS_URL": nats_url, "RUNCTL_HOME": str(home)}
+    env.pop("RUNCTL_TOKEN", None)
+    done = subprocess.run([RUNCTL, *args], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 @pytest.fixture
-def secured(tmp_path: Path) -> Iterator[int]:
+def secured(tmp_path: Path) -> Iterator[Secured]:
+    """A nats-server configured as a shared cluster's is: first the services and the admin alone
+    (``runctl team nats-config --bootstrap``), then the teams the admin added, from the registry, after a reload."""
     port = free_port()
-    env = {
-        **os.environ,
-        **PASSWORDS,
-        "RUNCTL_NATS_LISTEN": f"127.0.0.1:{port}",
-        "RUNCTL_JETSTREAM_DIR": str(tmp_path / "js"),
-    }
-    proc = subprocess.Popen(
-        [nats_server_binary(), "-c", str(ROOT / "deploy" / "nats" / "runctl.conf")],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    conf, home = tmp_path / "nats.conf", tmp_path / "home"
+    admin = url(port, "admin", SECRETS["RUNCTL_ADMIN_PASSWORD"])
+    where = ["--out", str(conf), "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "js")]
+    _runctl("team", "nats-config", "--bootstrap", *where, nats_url=admin, home=home)
+    with (tmp_path / "nats.log").open("wb") as log:
+        proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
 
     def listening() -> bool:
         with socket.socket() as sock:
@@ -46,10 +62,29 @@ def secured(tmp_path: Path) -> Iterator[int]:
 
     try:
         wait_until(listening, 10, "the secured nats-server")
-        yield port
+        tokens = {}
+        for team in ("nlp", "vision"):
+            added = _runctl("team", "add", team, "--gpus", "8", nats_url=admin, home=home)
+            tokens[team] = added.split("RUNCTL_TOKEN=", 1)[1].split()[0]
+        _runctl("team", "nats-config", *where, nats_url=admin, home=home)
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: _can_log_in(port, tokens["nlp"]), 10, "nats-server to take the teams' users")
+        yield Secured(port, tokens)
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _can_log_in(port: int, token: str) -> bool:
+    async def attempt() -> bool:
+        try:
+            nc = await nats.connect(url(port, "nlp", token), allow_reconnect=False, max_reconnect_attempts=0)
+        except Exception:
+            return False
+        await nc.close()
+        return True
+
+    return asyncio.run(attempt())
 
 
 def url(port: int, user: str, password: str) -> str:
@@ -72,16 +107,18 @@ async def _publish_as(port: int, user: str, password: str, team: str, prefix: st
         await bus.close()
 
 
-def test_a_team_publishes_as_itself_and_not_as_another_team(secured: int) -> None:
+def test_a_team_publishes_as_itself_and_not_as_another_team(secured: Secured) -> None:
+    port, token = secured.port, secured.tokens["nlp"]
+
     async def go() -> dict[str, int]:
-        services = await Bus.connect(url(secured, "runctl", "svc-pw"))
+        services = await Bus.connect(url(port, "runctl", "svc-pw"))
         await services.ensure_streams()
-        await _publish_as(secured, "nlp", "nlp-pw", "nlp", "_INBOX_nlp")
+        await _publish_as(port, "nlp", token, "nlp", "_INBOX_nlp")
         with pytest.raises(PublishError):
-            await _publish_as(secured, "nlp", "nlp-pw", "vision", "_INBOX_nlp")
+            await _publish_as(port, "nlp", token, "vision", "_INBOX_nlp")
         with pytest.raises(PublishError):
             # Without its own inbox prefix a team receives no replies: the event is stored, the ack never arrives.
-            await _publish_as(secured, "nlp", "nlp-pw", "nlp", "_INBOX")
+            await _publish_as(port, "nlp", token, "nlp", "_INBOX")
         info = await services.js.stream_info(RUNS_STREAM, subjects_filter="runctl.>")
         await services.close()
         return dict(info.state.subjects or {})
@@ -91,10 +128,12 @@ def test_a_team_publishes_as_itself_and_not_as_another_team(secured: int) -> Non
 
 # Three services' health waits (30 s each), the run, and the watch's trial grace.
 @pytest.mark.timeout(600)
-def test_a_team_user_can_submit_and_watch_its_run_to_the_end(secured: int, tmp_path: Path) -> None:
+def test_a_team_user_can_submit_and_watch_its_run_to_the_end(
+    secured: Secured, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "home"
-    home.mkdir()
-    services = Services(url(secured, "runctl", "svc-pw"), home, free_port())
+    home.mkdir(exist_ok=True)
+    services = Services(url(secured.port, "runctl", "svc-pw"), home, free_port())
     try:
         for name in ("validator", "launcher", "tracker"):
             services.start(name)
@@ -102,15 +141,13 @@ def test_a_team_user_can_submit_and_watch_its_run_to_the_end(secured: int, tmp_p
         config.write_text((ROOT / "configs" / "examples" / "preview.env").read_text().replace("TEAM=demo", "TEAM=nlp"))
 
         async def go() -> list[str]:
-            os.environ["RUNCTL_NATS_INBOX_PREFIX"] = "_INBOX_nlp"
-            try:
-                async with RunctlClient(url(secured, "nlp", "nlp-pw"), services.tracker_url) as client:
-                    run = await client.submit(config)
-                    # The end event is held until all its trials have come, or until none has for the grace:
-                    # the default 5 s can pass on a loaded host with trials still on their way.
-                    return [event.name async for event in client.watch(run.run_id, trial_grace_s=120)]
-            finally:
-                del os.environ["RUNCTL_NATS_INBOX_PREFIX"]
+            # As a team member runs it: the token alone says who they are (user, password, inbox prefix).
+            monkeypatch.setenv("RUNCTL_TOKEN", secured.tokens["nlp"])
+            async with RunctlClient(f"nats://127.0.0.1:{secured.port}", services.tracker_url) as client:
+                run = await client.submit(config)
+                # The end event is held until all its trials have come, or until none has for the grace:
+                # the default 5 s can pass on a loaded host with trials still on their way.
+                return [event.name async for event in client.watch(run.run_id, trial_grace_s=120)]
 
         names = asyncio.run(go())
         assert names[0] == "config.submitted" and names[-1] == "run.succeeded"
