@@ -2,7 +2,11 @@
 runs that ended. It is what lets a reaper on any instance tell an orphan from a sandbox in use.
 
 Keys: ``sb.<sandbox_id>`` (an entry), ``owner.<instance>`` (last heartbeat, epoch seconds), ``run.<run_id>``
-(the run ended).
+(the run ended), ``seat.<team>.<seat>`` (one of a team's sandboxes, taken before it is made: what the cap counts).
+
+A team's seats are written once and never changed, so their revisions are the order they were taken in across every
+instance: a seat within the first ``cap`` of its team's is granted, any later one is given back. Two instances
+creating at once can therefore never both pass the cap, as counting sandboxes first and recording them after could.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class LedgerEntry:
     run_id: str = ""
     trial: str = ""
     created: float = 0.0
+    seat: str = ""
+    """The team seat it holds (given back when the entry goes)."""
 
 
 class SandboxLedger:
@@ -57,7 +63,33 @@ class SandboxLedger:
         await self.kv.put(f"sb.{entry.sandbox_id}", json.dumps(asdict(entry)).encode())
 
     async def remove(self, sandbox_id: str) -> None:
+        """Forget a sandbox, and give back the seat it held."""
+        value = await self._get(f"sb.{sandbox_id}")
+        if value is not None:
+            entry = LedgerEntry(**json.loads(value))
+            if entry.seat:
+                await self.release_seat(entry.team, entry.seat)
         await self.kv.purge(f"sb.{sandbox_id}")
+
+    async def take_seat(self, team: str, seat: str, owner: str) -> int:
+        """Record a seat of ``team``; returns its revision (its place among all seats ever taken)."""
+        return int(await self.kv.put(f"seat.{team}.{seat}", json.dumps({"owner": owner}).encode()))
+
+    async def release_seat(self, team: str, seat: str) -> None:
+        await self.kv.purge(f"seat.{team}.{seat}")
+
+    async def seats(self, team: str = "") -> list[tuple[int, str, str, str]]:
+        """(revision, team, seat, owner) of the seats taken (of ``team``, when given), oldest first."""
+        found = []
+        for key in await self._keys(f"seat.{team}" if team else "seat"):
+            try:
+                entry = await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            if entry.value:
+                _, seat_team, seat = key.split(".", 2)
+                found.append((int(entry.revision or 0), seat_team, seat, json.loads(entry.value)["owner"]))
+        return sorted(found)
 
     async def entries(self) -> dict[str, LedgerEntry]:
         found: dict[str, LedgerEntry] = {}

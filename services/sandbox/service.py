@@ -25,7 +25,6 @@ import shutil
 import socket
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
@@ -85,16 +84,17 @@ class LedgerBackend:
     Called from worker threads; the ledger writes are sent to the service's event loop and awaited.
     """
 
-    def __init__(self, service: SandboxService, inner: Backend) -> None:
+    def __init__(self, service: SandboxService, inner: Backend, seat: str = "") -> None:
         self.service = service
         self.inner = inner
         self.name = inner.name
+        self.seat = seat
 
     def _await(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.service.loop).result()
 
     def create(self, spec: SandboxSpec) -> Sandbox:
-        return self._await(self.service.created(self.inner, spec))  # type: ignore[no-any-return]
+        return self._await(self.service.created(self.inner, spec, self.seat))  # type: ignore[no-any-return]
 
     def destroy(self, sandbox: Sandbox) -> None:
         self._await(self.service.destroyed(self.inner, sandbox, "released"))
@@ -243,9 +243,14 @@ class SandboxService:
         backend, image_for = self._backend(request.get("backend", "local"))
         task = load_task(request["task_path"])
         labels = self._labels(request)
-        await self._wait_for_slot(labels[TEAM_LABEL], float(request.get("wait_s", 0)))
-        spec = sandbox_spec(task, await asyncio.to_thread(image_for, task), labels)
-        sandbox = await self.created(backend, spec)
+        team = labels[TEAM_LABEL]
+        seat = await self._take_seat(team, float(request.get("wait_s", 0)))
+        try:
+            spec = sandbox_spec(task, await asyncio.to_thread(image_for, task), labels)
+            sandbox = await self.created(backend, spec, seat)
+        except BaseException:
+            await self._give_back(team, seat)
+            raise
         return {"sandbox_id": sandbox.sandbox_id, "instance": self.instance, "backend": backend.name}
 
     async def _exec(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -270,10 +275,14 @@ class SandboxService:
         backend, image_for = self._backend(request.get("backend", "local"))
         task = load_task(request["task_path"])
         labels = self._labels(request)
-        await self._wait_for_slot(labels[TEAM_LABEL], float(request.get("wait_s", 0)))
-        runner = TrialRunner(LedgerBackend(self, backend), image_for)
-        agent = make_agent(request.get("agent", "oracle"))
-        result = await asyncio.to_thread(runner.run, task, agent, Path(request["out_dir"]), labels)
+        team = labels[TEAM_LABEL]
+        seat = await self._take_seat(team, float(request.get("wait_s", 0)))
+        try:
+            runner = TrialRunner(LedgerBackend(self, backend, seat), image_for)
+            agent = make_agent(request.get("agent", "oracle"))
+            result = await asyncio.to_thread(runner.run, task, agent, Path(request["out_dir"]), labels)
+        finally:
+            await self._give_back(team, seat)  # its sandbox gave it back when it went; this covers one never made
         return {"result": result.model_dump()}
 
     # --- files, in chunks: a NATS message carries at most ~1 MB ------------------------------------------------
@@ -344,32 +353,39 @@ class SandboxService:
             TRIAL_LABEL: str(request.get("trial") or ""),
         }
 
-    async def _wait_for_slot(self, team: str, wait_s: float) -> None:
+    async def _take_seat(self, team: str, wait_s: float) -> str:
+        """One of the team's seats (its cap's worth), waiting for one up to ``wait_s`` (see ledger.py: seats taken
+        at the same moment on several instances are ordered, so the cap holds across all of them)."""
+        assert self.ledger is not None
         cap = self.caps.get(team, self.default_cap)
         deadline = time.monotonic() + wait_s
         while True:
-            held = await self._team_counts()
-            if held[team] < cap:
-                return
+            seat = secrets.token_hex(8)
+            mine = await self.ledger.take_seat(team, seat, self.instance)
+            ahead = sum(1 for revision, *_ in await self.ledger.seats(team) if revision < mine)
+            if ahead < cap:
+                return seat
+            await self.ledger.release_seat(team, seat)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SandboxError(
-                    f"team {team} holds {held[team]} sandboxes, its cap is {cap}: wait for some to end "
+                    f"team {team} holds {ahead} sandboxes, its cap is {cap}: wait for some to end "
                     "(pass wait_s), or raise the cap (RUNCTL_SANDBOX_CAPS)."
                 )
             self.slot_freed.clear()
             try:
                 await asyncio.wait_for(self.slot_freed.wait(), min(remaining, 1.0))
             except TimeoutError:
-                pass  # other instances free slots too: count again
+                pass  # other instances free seats too: try again
 
-    async def _team_counts(self) -> Counter[str]:
+    async def _give_back(self, team: str, seat: str) -> None:
         assert self.ledger is not None
-        return Counter(entry.team for entry in (await self.ledger.entries()).values())
+        await self.ledger.release_seat(team, seat)
+        self.slot_freed.set()
 
     # --- bookkeeping ------------------------------------------------------------------------------------------
 
-    async def created(self, backend: Backend, spec: SandboxSpec) -> Sandbox:
+    async def created(self, backend: Backend, spec: SandboxSpec, seat: str = "") -> Sandbox:
         """A sandbox for ``spec``: a warm one when the pool has it, else a new one. Recorded in the ledger (before
         it exists, when new) and announced to the run."""
         assert self.ledger is not None
@@ -383,6 +399,7 @@ class SandboxService:
             run_id=labels.get(RUN_LABEL, ""),
             trial=labels.get(TRIAL_LABEL, ""),
             created=time.time(),
+            seat=seat,
         )
         started = time.monotonic()
         key = self._pool_key(backend, spec)
@@ -512,6 +529,9 @@ class SandboxService:
             gone = sandbox_id not in existing and sandbox_id not in self.pending and sandbox_id not in self.live
             if gone and (entry.owner not in alive or entry.backend in self.backends):
                 await self.ledger.remove(sandbox_id)
+        for _, team, seat, owner in await self.ledger.seats():
+            if owner not in alive:  # taken by an instance that died before its sandbox was recorded
+                await self.ledger.release_seat(team, seat)
         for folder in self.transfers_dir.parent.iterdir():
             if folder.name not in alive:  # a dead instance's half-done transfers
                 shutil.rmtree(folder, ignore_errors=True)

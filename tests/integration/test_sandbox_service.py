@@ -116,6 +116,28 @@ async def test_a_team_over_its_cap_waits_or_is_refused(
         await client.destroy(sandbox)
 
 
+async def test_concurrent_creates_never_pass_the_cap_and_every_seat_is_given_back(
+    scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", "local")
+    monkeypatch.setenv("RUNCTL_SANDBOX_CAPS", "nlp=2")
+    await asyncio.to_thread(services.start, "sandbox")
+    # Six creates at once, none willing to wait: counting sandboxes before recording them let them all through.
+    results = await asyncio.gather(*(client.create("nlp", TASKS / "hello") for _ in range(6)), return_exceptions=True)
+    made = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, SandboxError)]
+    assert (len(made), len(refused)) == (2, 4), results
+    assert all("its cap is 2" in e.message for e in refused)
+    ledger = await SandboxLedger.open(client.bus)
+    assert len(await ledger.seats("nlp")) == 2
+    for sandbox in made:
+        await client.destroy(sandbox)
+    assert await ledger.seats("nlp") == [] and await ledger.entries() == {}
+    # A trial takes a seat for its sandbox and gives it back.
+    result = await client.trial("nlp", TASKS / "hello", tmp_path / "t", agent="oracle")
+    assert result.reward == 1.0 and await ledger.seats() == []
+
+
 async def test_a_warm_sandbox_is_handed_out_and_the_pool_refills(
     scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
