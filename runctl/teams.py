@@ -117,6 +117,7 @@ class TeamRegistry:
         return Team(**json.loads(entry.value)) if entry.value else None
 
     async def all(self) -> list[Team]:
+        await self._bucket()  # made when first asked for: a stack with no team yet has none
         teams = [await self.get(key) for key in await bucket_keys(self.bus.js, BUCKET)]
         return sorted((t for t in teams if t is not None), key=lambda t: t.name)
 

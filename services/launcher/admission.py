@@ -17,8 +17,12 @@ launcher derives the queue and the usage from the event log and the ledger, and 
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from runctl.config.models import RunConfig, TrainConfig
 
 RESOURCES = ("gpus", "cpus", "sandboxes")
 PRIORITIES = {"high": 2, "normal": 1, "low": 0}
@@ -69,7 +73,7 @@ class QueuedRun:
     team: str
     demand: Resources
     priority: int = PRIORITIES["normal"]
-    seq: int = 0
+    seq: float = 0
     """Submission order (the position of its config.validated in the event log)."""
 
 
@@ -154,7 +158,7 @@ class _Turns:
     def next(self, skip: set[str]) -> str | None:
         """The team with runs left (less ``skip``) of the smallest share, then of the earliest next run."""
         best: str | None = None
-        best_key = (0.0, 0)
+        best_key = (0.0, 0.0)
         for team, line in self.lines.items():
             head = self.heads[team]
             if head >= len(line) or team in skip:
@@ -213,3 +217,35 @@ def decide(
         decision.waiting[run.run_id] = Waiting(position, reason)
         position += 1
     return decision
+
+
+UNLIMITED = Resources(math.inf, math.inf, math.inf)
+
+
+def demand_of(config: RunConfig) -> Resources:
+    """What a run holds while it runs: its GPUs (NNODES × NGPUS_PER_NODE), for a CPU run the CPUs of its sandboxes
+    and its runner, and its sandboxes (the trials it keeps in flight: N_CONCURRENT, or AGENT_NUM_WORKERS for train)."""
+    gpus = float(config.nnodes * config.ngpus_per_node)
+    concurrency = config.agent_num_workers if isinstance(config, TrainConfig) else getattr(config, "n_concurrent", 1)
+    cpus = 0.0 if gpus else 1.0 + concurrency * (config.sandbox_cpus or 1.0)
+    return Resources(gpus, cpus, float(concurrency))
+
+
+def granted(config: RunConfig) -> dict[str, float]:
+    """What ``run.admitted`` says a run holds: its demand, its nodes, and a fully async train run's rollout GPUs."""
+    out = {"nodes": float(config.nnodes), **demand_of(config).as_dict()}
+    if isinstance(config, TrainConfig) and config.training_mode == "async":
+        out["rollout_gpus"] = float((config.n_nodes_rollout or 0) * config.ngpus_per_node)
+    return out
+
+
+def cluster_capacity(environ: Mapping[str, str] | None = None) -> Resources:
+    """The cluster's size, as its site says (``RUNCTL_CLUSTER_GPUS``, ``_CPUS``, ``_SANDBOXES``); a resource not
+    given is not limited (the embedded stack's single user is never queued for it)."""
+    env = os.environ if environ is None else environ
+
+    def read(name: str) -> float:
+        text = env.get(f"RUNCTL_CLUSTER_{name}", "").strip()
+        return float(text) if text else math.inf
+
+    return Resources(read("GPUS"), read("CPUS"), read("SANDBOXES"))

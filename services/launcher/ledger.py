@@ -2,6 +2,11 @@
 
 It is what lets a launcher killed mid-run resume every unfinished run on restart, and what makes its handlers
 idempotent (a redelivered ``config.validated`` finds the run already there).
+
+Keys: ``<run_id>`` (a run admitted: its state and progress), ``queue.<run_id>`` (a validated run waiting for
+admission: its team, demand, priority and place in submission order), ``grant.<run_id>`` (what an admitted run holds
+until it ends: the usage admission counts). A grant is created, never overwritten: of two launchers admitting the same
+run, one creates it and the other finds it there, so a run is admitted once.
 """
 
 from __future__ import annotations
@@ -30,6 +35,24 @@ class LedgerEntry:
     outcome: str = ""
 
 
+@dataclass
+class Queued:
+    team: str
+    demand: dict[str, float]
+    priority: int
+    seq: float
+    """Submission order: when the run was validated (epoch seconds)."""
+    announced: bool = False
+    """Its ``run.queued`` is published."""
+
+
+@dataclass
+class Grant:
+    team: str
+    granted: dict[str, float]
+    at: float
+
+
 class Ledger:
     def __init__(self, kv: KeyValue, js: JetStreamContext) -> None:
         self.kv = kv
@@ -55,7 +78,59 @@ class Ledger:
         """Every run admitted and not yet ended."""
         found: dict[str, LedgerEntry] = {}
         for key in await bucket_keys(self.js, BUCKET):
+            if "." in key:
+                continue  # a queue entry or a grant (run ids have no dots)
             entry = await self.get(key)
             if entry is not None and entry.state == "active":
                 found[key] = entry
         return found
+
+    async def _json(self, key: str) -> dict[str, Any] | None:
+        try:
+            entry = await self.kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return json.loads(entry.value) if entry.value else None
+
+    async def enqueue(self, run_id: str, queued: Queued) -> bool:
+        """Put a run in the queue; False when it is there already (a redelivered ``config.validated``)."""
+        try:
+            await self.kv.create(f"queue.{run_id}", json.dumps(asdict(queued)).encode())
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def queued(self) -> dict[str, Queued]:
+        found: dict[str, Queued] = {}
+        for key in await bucket_keys(self.js, BUCKET, "queue"):
+            value = await self._json(key)
+            if value is not None:
+                found[key.removeprefix("queue.")] = Queued(**value)
+        return found
+
+    async def announce(self, run_id: str, queued: Queued) -> None:
+        queued.announced = True
+        await self.kv.put(f"queue.{run_id}", json.dumps(asdict(queued)).encode())
+
+    async def dequeue(self, run_id: str) -> None:
+        await self.kv.purge(f"queue.{run_id}")
+
+    async def grant(self, run_id: str, grant: Grant) -> bool:
+        """Record what an admitted run holds; False when another launcher admitted it first."""
+        try:
+            await self.kv.create(f"grant.{run_id}", json.dumps(asdict(grant)).encode())
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def grants(self) -> dict[str, Grant]:
+        found: dict[str, Grant] = {}
+        for key in await bucket_keys(self.js, BUCKET, "grant"):
+            value = await self._json(key)
+            if value is not None:
+                found[key.removeprefix("grant.")] = Grant(**value)
+        return found
+
+    async def release(self, run_id: str) -> None:
+        """The run ended: what it held is free again."""
+        await self.kv.purge(f"grant.{run_id}")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runctl.bus import Bus, ConsumerSpec, each_event
@@ -30,13 +31,26 @@ from runctl.events import (
 from runctl.events.payloads import RUNS_STREAM
 from runctl.service import ServiceRuntime
 from runctl.subjects import event_filter
+from runctl.teams import TeamRegistry
+from services.launcher.admission import (
+    PRIORITIES,
+    RESOURCES,
+    UNLIMITED,
+    QueuedRun,
+    Resources,
+    TeamQuota,
+    cluster_capacity,
+    decide,
+    demand_of,
+    granted,
+)
 from services.launcher.carry.as_job import JobCarrier
-from services.launcher.carry.books import Books
+from services.launcher.carry.books import Books, retrying
 from services.launcher.carry.inprocess import carry_in_process
 from services.launcher.carry.rayjob import RayJobs
 from services.launcher.errors import ForegroundRun, LauncherError
 from services.launcher.evals import Evals, EvalStore
-from services.launcher.ledger import Ledger, LedgerEntry
+from services.launcher.ledger import Grant, Ledger, LedgerEntry, Queued
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +75,8 @@ CONSUMER = ConsumerSpec(
 ENDS = (RunSucceeded, RunFailed, RunCancelled)
 
 
-def resources_for(config: RunConfig) -> dict[str, float]:
-    return {"nodes": float(config.nnodes), "gpus": float(config.nnodes * config.ngpus_per_node)}
+SCHEDULE_EVERY_S = 10.0
+STALE_GRANT_S = 60.0
 
 
 class Launcher:
@@ -88,6 +102,9 @@ class Launcher:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.cancels: dict[str, asyncio.Event] = {}
         self.cancel_by: dict[str, str] = {}
+        self.teams = TeamRegistry(bus)
+        self._scheduling = asyncio.Lock()
+        self._follow_ups: set[asyncio.Task[None]] = set()
 
     async def handle(self, event: Event) -> None:
         if isinstance(event.data, ConfigValidated):
@@ -111,25 +128,97 @@ class Launcher:
         except (ConfigError, LauncherError) as e:
             await books.end_failed(team, run_id, "admission", e)
             return
-        # Admission control (quotas, fair share) arrives with the shared-cluster launcher; the embedded stack
-        # admits every validated run at once.
-        await books.publish(RunQueued(position=0, reason="embedded stack: no quota configured"), team, run_id, "queued")
-        await books.publish(
-            RunAdmitted(resources=resources_for(config), quota_decision="admitted: no quota configured"),
-            team,
-            run_id,
-            "admitted",
-        )
+        demand = demand_of(config)
+        queued = Queued(team, demand.as_dict(), PRIORITIES[config.priority], event.time.timestamp())
+        await retrying(lambda: self.ledger.enqueue(run_id, queued), f"queue {run_id}")
+        await self.schedule()
+
+    async def schedule(self) -> None:
+        """Admit what the policy says fits now (services/launcher/admission.py), and tell each run newly queued its
+        place and why it waits. The queue and the usage come from the ledger (validated runs waiting, grants of runs
+        not ended), so they survive a restart; a grant is created once, so two launchers never admit a run twice."""
+        async with self._scheduling:
+            waiting = await self.ledger.queued()
+            if not waiting:
+                return
+            grants = await self.ledger.grants()
+            for run_id in [r for r in waiting if r in grants]:
+                await self._finish_stale(run_id, waiting[run_id], grants[run_id])
+            usage: dict[str, Resources] = {}
+            for grant in grants.values():
+                held = Resources(*(float(grant.granted.get(r, 0.0)) for r in RESOURCES))
+                usage[grant.team] = usage.get(grant.team, Resources()) + held
+            queue = [
+                QueuedRun(run_id, q.team, Resources(**q.demand), q.priority, q.seq)
+                for run_id, q in waiting.items()
+                if run_id not in grants
+            ]
+            decision = decide(queue, usage, await self._quotas({q.team for q in waiting.values()}), cluster_capacity())
+            for run in decision.admitted:
+                await self._admit(run.run_id, waiting[run.run_id])
+            for run_id, place in decision.waiting.items():
+                entry = waiting[run_id]
+                if not entry.announced:
+                    await self.books.publish(
+                        RunQueued(position=place.position, reason=place.reason), entry.team, run_id, "queued"
+                    )
+                    await self.ledger.announce(run_id, entry)
+
+    async def _quotas(self, asking: set[str]) -> dict[str, TeamQuota]:
+        """Each registered team's quota; with no team registered (the embedded stack), the teams ``asking`` may each
+        use it all."""
+        teams = await self.teams.all()
+        if not teams:
+            return {team: TeamQuota(UNLIMITED) for team in asking}
+        return {t.name: TeamQuota(Resources(t.gpus, t.cpus, float(t.sandboxes)), t.weight) for t in teams}
+
+    async def _admit(self, run_id: str, queued: Queued) -> None:
+        team, books = queued.team, self.books
+        try:
+            _, config = await books.submitted_config(team, run_id)
+        except (ConfigError, LauncherError) as e:
+            await books.end_failed(team, run_id, "admission", e)
+            return
+        entry = await self.ledger.get(run_id)
+        if entry is not None:  # ended while queued (cancelled), or admitted by another launcher
+            await self.ledger.dequeue(run_id)
+            return
+        resources = granted(config)
+        if not await self.ledger.grant(run_id, Grant(team, resources, time.time())):
+            return  # another launcher admitted it
+        if not queued.announced:
+            await books.publish(RunQueued(position=0, reason="it fits now"), team, run_id, "queued")
+        decision = f"admitted: within team {team}'s quota and the cluster's free capacity"
+        await books.publish(RunAdmitted(resources=resources, quota_decision=decision), team, run_id, "admitted")
         await books.record(run_id, LedgerEntry(team=team, state="active"))
+        await self.ledger.dequeue(run_id)
         self.start(team, run_id, config, {})
         if self.evals is not None and isinstance(config, TrainConfig):
             await self.evals.on_admitted(team, run_id, config)
+
+    async def _finish_stale(self, run_id: str, queued: Queued, grant: Grant) -> None:
+        """A grant whose run never became active: its launcher died between the two. Finish the admission."""
+        if time.time() - grant.at < STALE_GRANT_S or await self.ledger.get(run_id) is not None:
+            return
+        await self.ledger.release(run_id)
+        await self._admit(run_id, queued)
 
     def start(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
         self.cancels[run_id] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self.carry(team, run_id, config, progress))
         self.tasks[run_id] = task
-        task.add_done_callback(lambda _: (self.tasks.pop(run_id, None), self.cancels.pop(run_id, None)))
+
+        def ended(_: object) -> None:
+            self.tasks.pop(run_id, None)
+            self.cancels.pop(run_id, None)
+            self._spawn_schedule()  # what it held is free: the queue may move
+
+        task.add_done_callback(ended)
+
+    def _spawn_schedule(self) -> None:
+        follow = asyncio.get_running_loop().create_task(self.schedule())
+        self._follow_ups.add(follow)
+        follow.add_done_callback(self._follow_ups.discard)
 
     async def carry(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
         cancelled = self.cancels[run_id]
@@ -165,8 +254,9 @@ class Launcher:
             except (ConfigError, LauncherError):
                 log.warning("cancel of %s by team %s ignored: that team submitted no such run", run_id, team)
                 return
-            # Not admitted yet: record the cancel so a later config.validated does not start it.
-            await self.books.end(team, run_id, RunCancelled(requested_by=requested_by, phase="queue"))
+            # Not admitted yet: record the cancel (which takes it off the queue) so it never starts.
+            async with self._scheduling:
+                await self.books.end(team, run_id, RunCancelled(requested_by=requested_by, phase="queue"))
         elif entry.state == "active":
             await self.books.end(team, run_id, RunCancelled(requested_by=requested_by, phase="admission"))
 
@@ -181,6 +271,7 @@ class Launcher:
                 continue
             log.info("resuming %s from %s", run_id, entry.progress)
             self.start(entry.team, run_id, config, entry.progress)
+        await self.schedule()
 
     async def stop(self) -> None:
         """On shutdown, leave runs active in the ledger: the next launcher resumes them."""
@@ -204,4 +295,14 @@ async def main(runtime: ServiceRuntime) -> None:
 
     runtime.on_stop(stop)
     await launcher.resume()
+    runtime.spawn(_every(SCHEDULE_EVERY_S, launcher.schedule))  # quotas changed, another launcher's runs ended
     await runtime.consume(CONSUMER, each_event(launcher.handle))
+
+
+async def _every(seconds: float, action: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await action()
+        except Exception as e:  # the next round tries again
+            log.warning("admission round failed: %s: %s", type(e).__name__, e)

@@ -340,12 +340,6 @@ NOT_BUILT: tuple[NotBuilt, ...] = (
         "set DATASET_PATH to the task index (parquet) or task folder instead",
     ),
     NotBuilt(
-        "PRIORITY",
-        lambda c: c.priority != "normal",
-        "this build admits every run at once (there is no queue for PRIORITY to order yet)",
-        "leave PRIORITY unset (normal)",
-    ),
-    NotBuilt(
         "FAKE_*",
         lambda c: c.engine != "fake" and any(k.startswith("fake_") for k in c.model_fields_set),
         "the FAKE_* keys steer ENGINE=fake's synthetic events only; this run would ignore them",

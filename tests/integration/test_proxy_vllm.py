@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -234,6 +235,17 @@ async def test_five_hundred_concurrent_sessions_on_vllm_keep_to_their_own_turns(
     assert len(prompts) == 1000  # every turn's prompt is its own: no turn recorded in another session
 
 
+async def _pause_once_generating(http: httpx.AsyncClient, url: str, answer: asyncio.Task[Any]) -> None:
+    """Pause the replica as verl does for a weight update, once it is generating the answer (an answer that ended
+    first is paused after: the caller tries again)."""
+
+    async def ready() -> bool:
+        return answer.done() or await _generating(url)
+
+    await async_wait_until(ready, 120, "vLLM generating the answer")
+    assert (await http.post(url + "/pause", params={"mode": "abort"})).status_code == 200
+
+
 async def _generating(url: str) -> bool:
     async with httpx.AsyncClient() as client:
         text = (await client.get(url + "/metrics")).text
@@ -272,8 +284,7 @@ async def test_an_answer_cut_short_by_a_pause_for_weights_is_sent_again_and_reco
         for _ in range(5):
             session = server.open_session()
             answer = asyncio.create_task(http.post(session.openai_base_url + "/chat/completions", json=body))
-            await async_wait_until(lambda: _generating(replica.url), 120, "vLLM generating the answer")
-            assert (await http.post(replica.url + "/pause", params={"mode": "abort"})).status_code == 200
+            await _pause_once_generating(http, replica.url, answer)
             try:
                 await async_wait_until(
                     lambda a=answer: a.done() or server.m_resent.values.get(("resent",)), 60, "the answer cut short"
@@ -311,8 +322,7 @@ async def test_a_stream_cut_short_by_a_pause_for_weights_ends_with_an_error_and_
         for _ in range(5):
             session = server.open_session()
             answer = asyncio.create_task(read(http, session.openai_base_url + "/chat/completions"))
-            await async_wait_until(lambda: _generating(replica.url), 120, "vLLM generating the answer")
-            assert (await http.post(replica.url + "/pause", params={"mode": "abort"})).status_code == 200
+            await _pause_once_generating(http, replica.url, answer)
             try:
                 text = await answer
             finally:

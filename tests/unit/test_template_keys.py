@@ -24,6 +24,7 @@ HONOURED: dict[str, tuple[str, ...]] = {
     "GPU_MEM_UTIL": ("services/launcher/rollout/replicas.py",),  # on a GPU; refused on CPU
     "RUN_TYPE": ("runctl/config/loader.py",),
     "TEAM": ("services/launcher/carry/foreground.py", "services/launcher/service.py"),
+    "PRIORITY": ("services/launcher/service.py",),  # orders a team's queued runs
     "ENGINE": ("services/launcher/carry/lifecycle.py",),
     "PROJECT_NAME": ("runctl/sdk.py", "services/validator/checks/live_probes.py"),
     "EXP_NAME": ("runctl/sdk.py", "runctl/cli/progress.py"),
@@ -208,7 +209,6 @@ VARIABLES = ("MODEL_ROOT",)
 #: Key → (a value this build does not carry out, what the refusal says), for ENGINE=local infer and eval.
 REFUSED: dict[str, tuple[str, str]] = {
     "ENGINE": ("verl", "ENGINE=verl carries train runs"),
-    "PRIORITY": ("high", "no queue for PRIORITY to order yet"),
     "SCAFFOLD": ("cc", "the ohsdk, oh, cc and oc scaffolds are not built yet"),
     "AGENT_NETWORK": ("allowlist", "no sandbox backend enforces an egress allowlist yet"),
     "AGENT_ALLOWED_HOSTS": ("pypi.org", "only an egress allowlist reads AGENT_ALLOWED_HOSTS"),

@@ -46,6 +46,8 @@ class Books:
     async def end(self, team: str, run_id: str, payload: Payload) -> None:
         await self.publish(payload, team, run_id, "end")
         await self.record(run_id, LedgerEntry(team=team, state="ended", outcome=payload.event_name))
+        await retrying(lambda: self.ledger.release(run_id), f"release what {run_id} held")
+        await retrying(lambda: self.ledger.dequeue(run_id), f"take {run_id} off the queue")
         log.info("%s %s", run_id, payload.event_name)
 
     async def end_failed(
