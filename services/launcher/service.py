@@ -105,6 +105,7 @@ class Launcher:
         self.teams = TeamRegistry(bus)
         self._scheduling = asyncio.Lock()
         self._follow_ups: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     async def handle(self, event: Event) -> None:
         if isinstance(event.data, ConfigValidated):
@@ -211,7 +212,8 @@ class Launcher:
         def ended(_: object) -> None:
             self.tasks.pop(run_id, None)
             self.cancels.pop(run_id, None)
-            self._spawn_schedule()  # what it held is free: the queue may move
+            if not self._stopped:
+                self._spawn_schedule()  # what it held is free: the queue may move
 
         task.add_done_callback(ended)
 
@@ -275,6 +277,9 @@ class Launcher:
 
     async def stop(self) -> None:
         """On shutdown, leave runs active in the ledger: the next launcher resumes them."""
+        self._stopped = True
+        for follow in list(self._follow_ups):
+            follow.cancel()
         for task in list(self.tasks.values()):
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
@@ -295,13 +300,18 @@ async def main(runtime: ServiceRuntime) -> None:
 
     runtime.on_stop(stop)
     await launcher.resume()
-    runtime.spawn(_every(SCHEDULE_EVERY_S, launcher.schedule))  # quotas changed, another launcher's runs ended
+    # Quotas changed, another launcher's runs ended: look again now and then, until the service stops.
+    runtime.spawn(_every(SCHEDULE_EVERY_S, launcher.schedule, runtime.stopping))
     await runtime.consume(CONSUMER, each_event(launcher.handle))
 
 
-async def _every(seconds: float, action: Callable[[], Awaitable[None]]) -> None:
-    while True:
-        await asyncio.sleep(seconds)
+async def _every(seconds: float, action: Callable[[], Awaitable[None]], stopping: asyncio.Event) -> None:
+    while not stopping.is_set():
+        try:
+            await asyncio.wait_for(stopping.wait(), seconds)
+            return
+        except TimeoutError:
+            pass
         try:
             await action()
         except Exception as e:  # the next round tries again
