@@ -92,21 +92,29 @@ class Ledger:
             return None
         return json.loads(entry.value) if entry.value else None
 
-    async def enqueue(self, run_id: str, queued: Queued) -> bool:
-        """Put a run in the queue; False when it is there already (a redelivered ``config.validated``)."""
+    async def _create(self, key: str, record: Queued | Grant) -> bool:
+        """Write ``key`` once: False when it is there already."""
         try:
-            await self.kv.create(f"queue.{run_id}", json.dumps(asdict(queued)).encode())
+            await self.kv.create(key, json.dumps(asdict(record)).encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         return True
 
-    async def queued(self) -> dict[str, Queued]:
-        found: dict[str, Queued] = {}
-        for key in await bucket_keys(self.js, BUCKET, "queue"):
+    async def _under(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Run id → value of each key under ``prefix.``."""
+        found: dict[str, dict[str, Any]] = {}
+        for key in await bucket_keys(self.js, BUCKET, prefix):
             value = await self._json(key)
             if value is not None:
-                found[key.removeprefix("queue.")] = Queued(**value)
+                found[key.removeprefix(f"{prefix}.")] = value
         return found
+
+    async def enqueue(self, run_id: str, queued: Queued) -> bool:
+        """Put a run in the queue; False when it is there already (a redelivered ``config.validated``)."""
+        return await self._create(f"queue.{run_id}", queued)
+
+    async def queued(self) -> dict[str, Queued]:
+        return {run_id: Queued(**value) for run_id, value in (await self._under("queue")).items()}
 
     async def announce(self, run_id: str, queued: Queued) -> None:
         queued.announced = True
@@ -117,19 +125,10 @@ class Ledger:
 
     async def grant(self, run_id: str, grant: Grant) -> bool:
         """Record what an admitted run holds; False when another launcher admitted it first."""
-        try:
-            await self.kv.create(f"grant.{run_id}", json.dumps(asdict(grant)).encode())
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return False
-        return True
+        return await self._create(f"grant.{run_id}", grant)
 
     async def grants(self) -> dict[str, Grant]:
-        found: dict[str, Grant] = {}
-        for key in await bucket_keys(self.js, BUCKET, "grant"):
-            value = await self._json(key)
-            if value is not None:
-                found[key.removeprefix("grant.")] = Grant(**value)
-        return found
+        return {run_id: Grant(**value) for run_id, value in (await self._under("grant")).items()}
 
     async def release(self, run_id: str) -> None:
         """The run ended: what it held is free again."""
