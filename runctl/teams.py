@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import re
 import secrets
 import time
@@ -66,14 +67,22 @@ def nats_hash(token: str) -> str:
 @dataclass(frozen=True)
 class Team:
     name: str
-    gpus: float = 0.0
-    cpus: float = 0.0
-    sandboxes: int = 0
+    gpus: float | None = None  # None: no quota of its own (the cluster's size bounds it)
+    cpus: float | None = None
+    sandboxes: int | None = None
     weight: float = 1.0
     token_sha256: str = ""
     nats_bcrypt: str = ""
     created: float = 0.0
     rotated: float = 0.0
+
+    def limits(self) -> tuple[float, float, float]:
+        """The quotas as numbers (GPUs, CPUs, sandboxes), ``inf`` where the team has none."""
+
+        def limit(quota: float | None) -> float:
+            return math.inf if quota is None else float(quota)
+
+        return limit(self.gpus), limit(self.cpus), limit(self.sandboxes)
 
     def accepts(self, token: str) -> bool:
         """True when ``token`` is this team's (compared in constant time)."""
@@ -121,12 +130,20 @@ class TeamRegistry:
         teams = [await self.get(key) for key in await bucket_keys(self.bus.js, BUCKET)]
         return sorted((t for t in teams if t is not None), key=lambda t: t.name)
 
-    async def add(self, name: str, gpus: float, cpus: float, sandboxes: int, weight: float) -> tuple[Team, str]:
-        """A new team and its token (the only time the token exists outside its holder)."""
+    async def add(
+        self,
+        name: str,
+        gpus: float | None = None,
+        cpus: float | None = None,
+        sandboxes: float | None = None,
+        weight: float = 1.0,
+    ) -> tuple[Team, str]:
+        """A new team and its token (the only time the token exists outside its holder). A quota not given (or
+        ``inf``) is no quota: the team may use what the cluster has free."""
         check_name(name)
-        _check_quota(gpus, cpus, sandboxes, weight)
+        quotas = _quotas(gpus=gpus, cpus=cpus, sandboxes=sandboxes, weight=weight)
         token = new_token(name)
-        team = Team(name, gpus, cpus, sandboxes, weight, created=time.time()).with_token(token)
+        team = Team(name, **quotas, created=time.time()).with_token(token)  # type: ignore[arg-type]
         kv = await self._bucket()
         try:
             await kv.create(name, json.dumps(asdict(team)).encode())
@@ -135,14 +152,13 @@ class TeamRegistry:
         return team, token
 
     async def update(self, name: str, **changes: float) -> Team:
-        """The team with its quotas or weight changed (a compare-and-set on its entry)."""
+        """The team with its quotas or weight changed (a compare-and-set on its entry); ``inf`` removes a quota."""
         unknown = set(changes) - {"gpus", "cpus", "sandboxes", "weight"}
         if unknown:
             raise TeamError(f"a team has no {', '.join(sorted(unknown))}. Fix: change gpus, cpus, sandboxes or weight.")
         team, revision = await self._current(name)
-        fields = asdict(team) | changes
-        changed = Team(**{**fields, "sandboxes": int(fields["sandboxes"])})
-        _check_quota(changed.gpus, changed.cpus, changed.sandboxes, changed.weight)
+        current = {k: getattr(team, k) for k in ("gpus", "cpus", "sandboxes", "weight")}
+        changed = replace(team, **_quotas(**(current | changes)))  # type: ignore[arg-type]
         await self._write(changed, revision)
         return changed
 
@@ -185,9 +201,25 @@ class TeamRegistry:
             ) from e
 
 
-def _check_quota(gpus: float, cpus: float, sandboxes: int, weight: float) -> None:
-    if min(gpus, cpus, sandboxes) < 0 or weight <= 0:
+def _quotas(
+    gpus: float | None, cpus: float | None, sandboxes: float | None, weight: float
+) -> dict[str, float | int | None]:
+    """The registry's form of a team's quotas (``None`` for none: not given, or ``inf``), checked."""
+    given = {"gpus": gpus, "cpus": cpus, "sandboxes": sandboxes}
+    bad = [f"{k}={v:g}" for k, v in given.items() if v is not None and (math.isnan(v) or v < 0)]
+    if bad or not (weight > 0 and math.isfinite(weight)):
         raise TeamError(
-            f"quotas cannot be negative and the weight must be above 0 (got gpus={gpus:g}, cpus={cpus:g}, "
-            f"sandboxes={sandboxes}, weight={weight:g}). Fix: give values ≥ 0 and a weight > 0."
+            f"quotas cannot be negative and the weight must be above 0 (got {', '.join(bad) or 'quotas'}, "
+            f"weight={weight:g}). Fix: give quotas ≥ 0 (inf for none) and a weight > 0."
         )
+    out: dict[str, float | int | None] = {k: None if v is None or math.isinf(v) else v for k, v in given.items()}
+    if out["sandboxes"] is not None:
+        if out["sandboxes"] != int(out["sandboxes"]):
+            raise TeamError(f"sandboxes={sandboxes:g} is not a whole number. Fix: give a count of sandboxes.")
+        out["sandboxes"] = int(out["sandboxes"])
+    return out | {"weight": weight}
+
+
+def quota_text(value: float | None) -> str:
+    """A quota as `team list` shows it."""
+    return "-" if value is None else f"{value:g}"

@@ -64,6 +64,22 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, inter
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+async def login_refused(url: str, **login: str) -> str:
+    """Why nats-server refused this login ("" when it let it in); the socket is closed either way."""
+    import nats
+
+    from runctl.bus.client import close_refused
+
+    nc = nats.NATS()
+    try:
+        await nc.connect(url, **login, allow_reconnect=False, max_reconnect_attempts=0)  # type: ignore[arg-type]
+    except Exception as e:
+        await close_refused(nc)
+        return str(e) or type(e).__name__
+    await nc.close()
+    return ""
+
+
 async def async_wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -83,6 +83,13 @@ def credentials() -> tuple[str, str] | None:
     return team, token
 
 
+async def close_refused(nc: NATS) -> None:
+    """Close the socket of a client whose first connect failed (nats-py leaves it open when it does not retry, e.g.
+    on 'Authorization Violation')."""
+    with contextlib.suppress(Exception):
+        await nc.close()
+
+
 def masked_url(url: str) -> str:
     """The URL with its password (``nats://user:PASSWORD@host``) replaced by ``***``: safe to print and log."""
     from urllib.parse import urlsplit, urlunsplit
@@ -270,8 +277,9 @@ class Bus:
 
             who = {"user": login[0], "password": login[1]}
             inbox = os.environ.get("RUNCTL_NATS_INBOX_PREFIX") or inbox_prefix(login[0])
+        nc = NATS()
         try:
-            nc = await nats.connect(
+            await nc.connect(
                 target,
                 name=name,
                 **who,
@@ -281,10 +289,11 @@ class Bus:
                 max_reconnect_attempts=-1 if reconnect else 1,
                 # A team user of a shared cluster receives replies only under its own prefix (runctl.natsauth).
                 inbox_prefix=inbox,
-                reconnect_time_wait=0.5,
+                reconnect_time_wait=0.5,  # type: ignore[arg-type]  # nats-py annotates int, sleeps on a float
                 error_cb=remember,
             )
         except (OSError, TimeoutError, nats.errors.Error) as e:
+            await close_refused(nc)
             reason = errors[-1] if errors else e
             raise BusUnreachableError(masked_url(target), str(reason) or type(reason).__name__) from e
         bus = cls(nc, target)

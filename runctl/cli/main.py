@@ -596,9 +596,10 @@ team_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(team_app, name="team")
-GpusOpt = Annotated[float, typer.Option(help="GPUs the team may hold at once.")]
-CpusOpt = Annotated[float, typer.Option(help="CPUs the team's CPU runs may hold at once.")]
-SandboxesOpt = Annotated[int, typer.Option(help="Sandboxes the team may hold at once.")]
+_NO_QUOTA = " Not given: no quota of its own (the cluster's size bounds it); inf removes one."
+GpusOpt = Annotated[float | None, typer.Option(help="GPUs the team may hold at once." + _NO_QUOTA)]
+CpusOpt = Annotated[float | None, typer.Option(help="CPUs the team's CPU runs may hold at once." + _NO_QUOTA)]
+SandboxesOpt = Annotated[float | None, typer.Option(help="Sandboxes the team may hold at once." + _NO_QUOTA)]
 WeightOpt = Annotated[float, typer.Option(help="The team's fair share of the cluster against the others'.")]
 TeamArg = Annotated[str, typer.Argument(help="The team's name.", show_default=False)]
 
@@ -619,7 +620,7 @@ def _print_token(name: str, token: str, what: str) -> None:
 
 @team_app.command("add")
 def team_add(
-    name: TeamArg, gpus: GpusOpt = 0, cpus: CpusOpt = 0, sandboxes: SandboxesOpt = 0, weight: WeightOpt = 1.0
+    name: TeamArg, gpus: GpusOpt = None, cpus: CpusOpt = None, sandboxes: SandboxesOpt = None, weight: WeightOpt = 1.0
 ) -> None:
     """Add a team with its quotas and weight; prints its token once."""
     team, token = _run(lambda: _registry_call(lambda r: r.add(name, gpus, cpus, sandboxes, weight)))
@@ -628,36 +629,39 @@ def team_add(
 
 @team_app.command("list")
 def team_list() -> None:
-    """Every team with its quotas and weight (never a token)."""
+    """Every team with its quotas and weight (never a token); '-' is no quota."""
     from rich.table import Table
+
+    from runctl.teams import quota_text
 
     teams = _run(lambda: _registry_call(lambda r: r.all()))
     table = Table(box=None, pad_edge=False)
     for column in ("team", "gpus", "cpus", "sandboxes", "weight"):
         table.add_column(column)
     for team in teams:
-        table.add_row(team.name, f"{team.gpus:g}", f"{team.cpus:g}", str(team.sandboxes), f"{team.weight:g}")
+        table.add_row(team.name, *map(quota_text, (team.gpus, team.cpus, team.sandboxes)), f"{team.weight:g}")
     _console().print(table if teams else "no teams yet: `runctl team add NAME` adds one")
 
 
 @team_app.command("set")
 def team_set(
     name: TeamArg,
-    gpus: Annotated[float | None, typer.Option(help="GPUs the team may hold at once.")] = None,
-    cpus: Annotated[float | None, typer.Option(help="CPUs the team's CPU runs may hold at once.")] = None,
-    sandboxes: Annotated[int | None, typer.Option(help="Sandboxes the team may hold at once.")] = None,
+    gpus: GpusOpt = None,
+    cpus: CpusOpt = None,
+    sandboxes: SandboxesOpt = None,
     weight: Annotated[float | None, typer.Option(help="The team's fair share against the others'.")] = None,
 ) -> None:
     """Change a team's quotas or weight."""
+    from runctl.teams import quota_text
+
     changes = {
         k: v for k, v in (("gpus", gpus), ("cpus", cpus), ("sandboxes", sandboxes), ("weight", weight)) if v is not None
     }
     if not changes:
         raise typer.BadParameter("give at least one of --gpus, --cpus, --sandboxes, --weight")
     team = _run(lambda: _registry_call(lambda r: r.update(name, **changes)))
-    _console().print(
-        f"team {team.name}: gpus {team.gpus:g}, cpus {team.cpus:g}, sandboxes {team.sandboxes}, weight {team.weight:g}"
-    )
+    quotas = ", ".join(f"{k} {quota_text(getattr(team, k))}" for k in ("gpus", "cpus", "sandboxes"))
+    _console().print(f"team {team.name}: {quotas}, weight {team.weight:g}")
 
 
 @team_app.command("rotate")

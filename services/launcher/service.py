@@ -171,7 +171,7 @@ class Launcher:
         teams = await self.teams.all()
         if not teams:
             return {team: TeamQuota(UNLIMITED) for team in asking}
-        return {t.name: TeamQuota(Resources(t.gpus, t.cpus, float(t.sandboxes)), t.weight) for t in teams}
+        return {t.name: TeamQuota(Resources(*t.limits()), t.weight) for t in teams}
 
     async def _admit(self, run_id: str, queued: Queued) -> None:
         team, books = queued.team, self.books

@@ -23,7 +23,7 @@ import httpx
 
 from tests.conftest import free_port, wait_until
 
-START_TIMEOUT_S = 90
+START_TIMEOUT_S = 180  # a loaded CI host has taken over 90 s for the head and its dashboard
 
 
 def in_loopback_only_netns() -> bool:
@@ -74,7 +74,16 @@ def ray_head(num_cpus: int = 1, num_gpus: int = 0, dashboard_port: int | None = 
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{dashboard}"
     try:
-        wait_until(lambda: proc.poll() is not None or alive_nodes(url) >= 1, START_TIMEOUT_S, "the Ray head")
+        try:
+            wait_until(lambda: proc.poll() is not None or alive_nodes(url) >= 1, START_TIMEOUT_S, "the Ray head")
+        except AssertionError as e:
+            busiest = subprocess.run(
+                ["ps", "-eo", "pid,pcpu,etime,args", "--sort=-pcpu"], capture_output=True, text=True
+            )
+            raise AssertionError(
+                f"{e}; its log ends:\n{(temp / 'head.log').read_text()[-1500:]}\nbusiest processes:\n"
+                + "\n".join(busiest.stdout.splitlines()[:8])
+            ) from None
         if proc.poll() is not None:
             raise RuntimeError(f"ray exited with {proc.returncode}: {(temp / 'head.log').read_text()[-2000:]}")
         yield RayHead(f"127.0.0.1:{port}", url)

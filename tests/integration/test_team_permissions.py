@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import nats
 import pytest
 
 from runctl.bus import Bus
@@ -22,7 +21,7 @@ from runctl.events import CancelRequested, new_event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import RunctlClient
 from runctl.stack import nats_server_binary
-from tests.conftest import ROOT, Services, free_port, wait_until
+from tests.conftest import ROOT, Services, free_port, login_refused, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -76,15 +75,7 @@ def secured(tmp_path: Path) -> Iterator[Secured]:
 
 
 def _can_log_in(port: int, token: str) -> bool:
-    async def attempt() -> bool:
-        try:
-            nc = await nats.connect(url(port, "nlp", token), allow_reconnect=False, max_reconnect_attempts=0)
-        except Exception:
-            return False
-        await nc.close()
-        return True
-
-    return asyncio.run(attempt())
+    return asyncio.run(login_refused(url(port, "nlp", token))) == ""
 
 
 def url(port: int, user: str, password: str) -> str:
