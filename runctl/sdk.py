@@ -292,6 +292,12 @@ class RunctlClient:
         result: dict[str, Any] = await self._get("/api/runs", filters)
         return result
 
+    async def usage(self, *, team: str | None = None, since: str | None = None) -> dict[str, Any]:
+        """What each team and run used (GPU-hours by role, CPU-hours, sandbox-minutes, tokens), from ``since`` (an
+        ISO 8601 date or time) when given."""
+        result: dict[str, Any] = await self._get("/api/usage", {"team": team, "since": since})
+        return result
+
     async def get_run(self, run_id: str, *, events: bool = True) -> dict[str, Any]:
         """One run, its resolved config, and (by default) its events in order.
 

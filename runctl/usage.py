@@ -12,7 +12,7 @@ any time again from the event log).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -47,6 +47,10 @@ class Usage:
         self.sandbox_minutes += other.sandbox_minutes
         self.tokens_generated += other.tokens_generated
 
+    def any(self) -> bool:
+        """True when anything was used."""
+        return bool(sum(self.gpu_hours.values()) or self.cpu_hours or self.sandbox_minutes or self.tokens_generated)
+
     def as_dict(self) -> dict[str, object]:
         return {
             "gpu_hours": {role: round(hours, 6) for role, hours in self.gpu_hours.items()},
@@ -71,8 +75,16 @@ def _hours(start: datetime, end: datetime) -> float:
     return max(0.0, (end - start).total_seconds() / 3600)
 
 
-def usage_by_run(events: Iterable[Event], now: datetime, since: datetime | None = None) -> dict[str, tuple[str, Usage]]:
-    """Run id → (team, what it used), counting only time after ``since`` when given (and before ``now``)."""
+def usage_by_run(
+    events: Iterable[Event],
+    now: datetime,
+    since: datetime | None = None,
+    run_types: Mapping[str, str] | None = None,
+) -> dict[str, tuple[str, Usage]]:
+    """Run id → (team, what it used), counting only time after ``since`` when given (and before ``now``).
+
+    ``run_types`` gives the type of runs whose ``config.submitted`` is not among ``events`` (a reader that keeps the
+    type apart need not load every submitted config)."""
     runs: dict[str, _Run] = {}
 
     def clip(start: datetime, end: datetime) -> tuple[datetime, datetime]:
@@ -80,7 +92,7 @@ def usage_by_run(events: Iterable[Event], now: datetime, since: datetime | None 
         return start, min(end, now)
 
     for event in sorted(events, key=lambda e: e.time):
-        run = runs.setdefault(event.runid, _Run(event.team))
+        run = runs.setdefault(event.runid, _Run(event.team, (run_types or {}).get(event.runid, "")))
         data = event.data
         if isinstance(data, ConfigSubmitted):
             run.run_type = data.run_type

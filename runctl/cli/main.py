@@ -324,6 +324,46 @@ def show(
 
 
 @app.command()
+def usage(
+    team: Annotated[str | None, typer.Option(help="Only this team.")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Count only what was used from then on: an ISO 8601 date or time (UTC).")
+    ] = None,
+    runs: Annotated[bool, typer.Option("--runs", help="Also each run's usage.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="The tracker's answer as JSON.")] = False,
+) -> None:
+    """What each team used: GPU-hours by role (rollout, training, eval), CPU-hours, sandbox-minutes, tokens."""
+    import json
+
+    from runctl.cli.render import usage_table
+
+    if since is not None:
+        from datetime import datetime
+
+        try:
+            datetime.fromisoformat(since)
+        except ValueError:
+            raise typer.BadParameter(f"{since!r} is not a date or time. Fix: e.g. --since 2026-12-01") from None
+
+    async def go() -> dict[str, Any]:
+        async with _client() as client:
+            return await client.usage(team=team, since=since)
+
+    result = _run(go)
+    if json_out:
+        print(json.dumps(result, indent=2))
+        return
+    console = _console()
+    console.print(f"usage {'since ' + result['since'] if result['since'] else 'of all time'}, until {result['now']}")
+    if not result["teams"]:
+        console.print("nothing used yet" + (f" by team {team}" if team else ""))
+        return
+    console.print(usage_table(result["teams"], "team"))
+    if runs:
+        console.print(usage_table(result["runs"], "run_id"))
+
+
+@app.command()
 def cancel(
     run_id: RunArg,
     team: Annotated[str | None, typer.Option(help="The run's team (looked up in the tracker if not given).")] = None,

@@ -131,3 +131,20 @@ def _short_time(iso: str | None) -> str:
     if not iso:
         return ""
     return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def usage_table(rows: list[dict[str, Any]], first: str) -> Table:
+    """Usage rows (per team or per run, ``first`` naming the row) as `runctl usage` prints them."""
+    table = Table(box=None, pad_edge=False)
+    for column in (first, "GPU-h rollout", "GPU-h training", "GPU-h eval", "CPU-h", "sandbox-min", "tokens"):
+        table.add_column(column, justify="left" if column == first else "right")
+    for row in rows:
+        gpu = row["gpu_hours"]
+        table.add_row(
+            row[first],
+            *(f"{gpu[role]:.2f}" for role in ("rollout", "training", "eval")),
+            f"{row['cpu_hours']:.2f}",
+            f"{row['sandbox_minutes']:.1f}",
+            f"{row['tokens_generated']:,}",
+        )
+    return table

@@ -1,12 +1,13 @@
 """The tracker's HTTP API (FastAPI; OpenAPI at ``/openapi.json``, browsable at ``/docs``) and the dashboard.
 
-JSON under ``/api``; the dashboard's pages at ``/``, ``/runs/<id>`` and ``/compare``, its assets under ``/static``;
-live updates as Server-Sent Events at ``/api/stream``; Prometheus at ``/metrics``.
+JSON under ``/api``; the dashboard's pages at ``/``, ``/runs/<id>``, ``/compare`` and ``/usage``, its assets under
+``/static``; live updates as Server-Sent Events at ``/api/stream``; Prometheus at ``/metrics``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from services.tracker import artifacts, queries
-from services.tracker.db import EventRow, RunRow, TrialRow
+from services.tracker.db import EventRow, RunRow, TrialRow, aware
 from services.tracker.live import KEEPALIVE_S, Notifier
 
 MAX_PAGE = 500
@@ -212,6 +213,20 @@ def pass_rates(
     return {"tasks": queries.pass_rates_across(session, _split(run_ids), task)}
 
 
+@router.get("/api/usage")
+def usage(
+    session: Db,
+    team: str | None = None,
+    since: Annotated[
+        datetime | None, Query(description="Count only what was used from then on (ISO 8601 date or time; UTC).")
+    ] = None,
+) -> Response:
+    """What each team and each run used: GPU-hours by role (rollout, training, eval), CPU-hours of CPU runs,
+    sandbox-minutes and tokens generated, derived from the events."""
+    now = datetime.now(UTC)
+    return _json(queries.usage(session, team, aware(since) if since is not None else None, now))
+
+
 @router.get("/api/stream")
 async def stream(request: Request, run_id: str | None = None) -> StreamingResponse:
     """Server-Sent Events: ``persisted`` whenever events of ``run_id`` (or of any run) are stored."""
@@ -243,6 +258,11 @@ def run_page(run_id: str) -> FileResponse:
 @router.get("/compare", include_in_schema=False)
 def compare_page() -> FileResponse:
     return FileResponse(STATIC / "compare.html")
+
+
+@router.get("/usage", include_in_schema=False)
+def usage_page() -> FileResponse:
+    return FileResponse(STATIC / "usage.html")
 
 
 def make_app(

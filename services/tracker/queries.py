@@ -196,3 +196,58 @@ def pass_rates_across(session: Session, run_ids: list[str], task: str | None) ->
     for row in session.scalars(query.order_by(TaskStatsRow.task, TaskStatsRow.run_id)):
         tasks.setdefault(row.task, {})[row.run_id] = _rate(row)
     return [{"task": name, "runs": runs} for name, runs in tasks.items()]
+
+
+# What usage is derived from (runctl.usage); the run's type is read from its row, not from its submitted config.
+USAGE_EVENTS = (
+    "run.admitted",
+    "run.succeeded",
+    "run.failed",
+    "run.cancelled",
+    "sandbox.created",
+    "sandbox.destroyed",
+    "trial.finished",
+)
+
+
+def usage(session: Session, team: str | None, since: datetime | None, now: datetime) -> dict[str, Any]:
+    """GPU-hours by role, CPU-hours, sandbox-minutes and tokens, per team and per run (those that used anything),
+    from the stored events; only what was used after ``since`` counts when it is given."""
+    from runctl.events import parse_event
+    from runctl.usage import usage_by_run, usage_by_team
+
+    query = select(EventRow).where(EventRow.name.in_(USAGE_EVENTS))
+    if team is not None:
+        query = query.where(EventRow.team == team)
+    if since is not None:  # tokens count when their trial ended; time held is clipped by runctl.usage
+        query = query.where((EventRow.name != "trial.finished") | (EventRow.time >= since))
+    rows = session.scalars(query).all()
+    run_ids = {row.run_id for row in rows}
+    found = session.execute(select(RunRow.run_id, RunRow.run_type).where(RunRow.run_id.in_(run_ids)))
+    types: dict[str, str | None] = {run_id: run_type for run_id, run_type in found}
+    events = [
+        parse_event(
+            {
+                "id": row.id,
+                "source": row.source,
+                "type": row.type,
+                "time": aware(row.time),
+                "subject": row.run_id,
+                "team": row.team,
+                "runid": row.run_id,
+                "data": row.data,
+            }
+        )  # fmt: skip
+        for row in rows
+    ]
+    per_run = usage_by_run(events, now, since, {k: v for k, v in types.items() if v})
+    used = {run_id: found for run_id, found in per_run.items() if found[1].any()}
+    return {
+        "now": now.isoformat(),
+        "since": since.isoformat() if since is not None else None,
+        "teams": [{"team": t, **u.as_dict()} for t, u in sorted(usage_by_team(used).items())],
+        "runs": [
+            {"run_id": run_id, "team": t, "run_type": types.get(run_id), **u.as_dict()}
+            for run_id, (t, u) in sorted(used.items())
+        ],
+    }

@@ -132,6 +132,13 @@ def test_the_whole_tour_on_the_embedded_stack(stack: Cli) -> None:
     assert "trial.finished" not in quiet and quiet.count("step.done") == 4
     missing = stack("show", "no-such-run", check=False)
     assert missing.returncode == 1 and missing.stderr.startswith("RunNotFoundError")
+    used = json.loads(stack("usage", "--json").stdout)
+    (demo,) = [team for team in used["teams"] if team["team"] == "demo"]
+    assert demo["cpu_hours"] > 0 and run_id in {run["run_id"] for run in used["runs"]}  # a CPU run's CPUs, held
+    table = stack("usage", "--team", "demo", "--since", "2026-01-01", "--runs").stdout
+    assert "since 2026-01-01" in table and "CPU-h" in table and run_id in table
+    bad = stack("usage", "--since", "soon", check=False)
+    assert bad.returncode == 2 and "--since 2026-12-01" in bad.stderr
 
 
 def test_cancel_from_the_cli(stack: Cli, tmp_path: Path) -> None:
@@ -218,7 +225,7 @@ def test_when_the_supervisor_dies_down_still_stops_every_recorded_process(stack:
 
 def test_commands_that_need_the_tracker_say_so_in_one_line_when_it_is_down(cli: Cli) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    for args in (("runs",), ("show", "r-1")):
+    for args in (("runs",), ("show", "r-1"), ("usage",)):
         result = cli(*args, check=False, RUNCTL_TRACKER_URL=url)
         assert result.returncode == 1
         errors = [line for line in result.stderr.splitlines() if line.strip()]

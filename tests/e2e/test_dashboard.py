@@ -255,3 +255,25 @@ def test_pages_update_live_while_a_run_is_in_flight(tracker: Tracker, page: Page
     tracker.store([event(StepDone(step=13, metrics={"critic/score/mean": 0.65}), 13)])
     expect(row).to_contain_text("13 / 20 steps", timeout=10_000)
     shot(page, "runs-live")
+
+
+def test_the_usage_page_shows_what_each_team_and_run_used(tracker: Tracker, page: Page) -> None:
+    from tests.unit.test_usage import EVENTS
+
+    tracker.store(EVENTS)
+    page.goto(tracker.url + "/")
+    page.click("nav >> text=Usage")
+    nlp = page.locator('#usage-teams tr[data-team="nlp"]')
+    expect(nlp.locator("td.gpu-rollout")).to_have_text("22.00")
+    expect(nlp.locator("td.gpu-training")).to_have_text("16.00")
+    expect(nlp.locator("td.sandbox")).to_have_text("40.0")
+    expect(nlp.locator("td.tokens")).to_have_text("150")
+    expect(page.locator('#usage-runs tr[data-run-id="cpu"] td.cpu')).to_have_text("2.00")
+    shot(page, "usage")
+    page.fill("#filter-team", "vision")
+    page.dispatch_event("#filter-team", "change")
+    expect(page.locator("#usage-teams tbody tr")).to_have_count(1)
+    expect(page.locator('#usage-teams tr[data-team="vision"] td.cpu')).to_have_text("2.00")
+    assert "team=vision" in page.url
+    page.goto(tracker.url + "/usage?team=nlp&since=2030-01-01")  # nothing used since then
+    expect(page.locator("#usage-teams tbody")).to_contain_text("Nothing used yet.")

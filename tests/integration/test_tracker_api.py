@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,34 @@ def test_a_trial_is_told_turn_by_turn_from_its_folder(api: httpx.Client) -> None
     assert missing["found"] is False and missing["turns"] == []
 
 
+def test_usage_is_derived_per_team_and_run_and_counts_only_the_window_asked_for(
+    api: httpx.Client, engine: Engine
+) -> None:
+    from tests.unit.test_usage import EVENTS, T0
+
+    load(engine, EVENTS)
+    body = get(api, "/api/usage")
+    teams = {row.pop("team"): row for row in body["teams"]}
+    assert teams["nlp"] == {
+        "gpu_hours": {"rollout": 22.0, "training": 16.0, "eval": 0.0},
+        "cpu_hours": 0.0,
+        "sandbox_minutes": 40.0,
+        "tokens_generated": 150,
+    }
+    assert teams["vision"]["cpu_hours"] == 2.0 and teams["vision"]["gpu_hours"]["eval"] > 1.0  # still running
+    runs = {row["run_id"]: row for row in body["runs"]}
+    assert runs["tr"]["run_type"] == "train" and runs["tr"]["gpu_hours"] == {"rollout": 16, "training": 16, "eval": 0}
+    assert runs["inf"]["team"] == "nlp" and runs["cpu"]["run_type"] == "infer"
+    late = get(api, "/api/usage", team="nlp", since=(T0 + timedelta(minutes=120)).isoformat())
+    assert [row["team"] for row in late["teams"]] == ["nlp"] and {row["team"] for row in late["runs"]} == {"nlp"}
+    assert late["teams"][0]["gpu_hours"] == {"rollout": 10.0, "training": 8.0, "eval": 0.0}
+    assert late["teams"][0]["sandbox_minutes"] == 30.0 and late["teams"][0]["tokens_generated"] == 0
+    assert get(api, "/api/usage", since="2026-12-01")["since"].startswith("2026-12-01T00:00:00")
+    assert get(api, "/api/usage", team="nobody")["teams"] == []
+    bad = api.get("/api/usage", params={"since": "last tuesday"})
+    assert bad.status_code == 422 and "since" in bad.text
+
+
 def test_unknown_runs_are_a_404_that_says_how_to_find_one(api: httpx.Client) -> None:
     for path in ("/api/runs/nope", "/api/runs/nope/metrics", "/api/runs/nope/trials/a/0"):
         response = api.get(path)
@@ -260,13 +289,19 @@ def test_unknown_runs_are_a_404_that_says_how_to_find_one(api: httpx.Client) -> 
 
 def test_the_openapi_description_is_published(api: httpx.Client) -> None:
     paths = get(api, "/openapi.json")["paths"]
-    for path in ("/api/runs", "/api/runs/{run_id}/metrics", "/api/runs/{run_id}/trials/{task}/{trial}", "/api/stream"):
+    for path in (
+        "/api/runs",
+        "/api/runs/{run_id}/metrics",
+        "/api/runs/{run_id}/trials/{task}/{trial}",
+        "/api/stream",
+        "/api/usage",
+    ):
         assert path in paths
     assert "/" not in paths  # the dashboard's pages are not API
 
 
 def test_the_dashboard_pages_are_served(api: httpx.Client) -> None:
-    for path in ("/", f"/runs/{TRAIN}", f"/compare?runs={TRAIN},{INFER}"):
+    for path in ("/", f"/runs/{TRAIN}", f"/compare?runs={TRAIN},{INFER}", "/usage?team=demo"):
         response = api.get(path)
         assert response.status_code == 200 and "text/html" in response.headers["content-type"]
     assert api.get("/static/chart.js").status_code == 200
