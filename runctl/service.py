@@ -34,6 +34,12 @@ CONSUMER_METRICS = (
     ("runctl_redeliveries_total", "redelivered", "counter", "Events handled on a second or later delivery."),
     ("runctl_dead_lettered_total", "dead_lettered", "counter", "Events given up on and dead-lettered."),
     ("runctl_consumer_lag", "lag", "gauge", "Events in the stream not yet delivered to the consumer."),
+    (
+        "runctl_consumer_recreated_total",
+        "recreated",
+        "counter",
+        "Times the durable consumer vanished and was made again.",
+    ),
 )
 
 
@@ -172,6 +178,7 @@ class ServiceRuntime:
                     "errors": c.stats.errors,
                     "redelivered": c.stats.redelivered,
                     "dead_lettered": c.stats.dead_lettered,
+                    "recreated": c.stats.recreated,
                     "lag": c.stats.lag,
                     "last_error": c.stats.last_error,
                 }

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,12 +181,14 @@ class ConsumerSpec:
     batch: int = 64
     retry_delays_s: tuple[float, ...] = (0.5, 2.0, 5.0, 15.0)
 
-    def config(self) -> api.ConsumerConfig:
+    def config(self, start_seq: int = 0) -> api.ConsumerConfig:
+        """The consumer's configuration: from the stream's start, or from ``start_seq`` when re-created."""
         return api.ConsumerConfig(
             durable_name=self.durable,
             name=self.durable,
             ack_policy=api.AckPolicy.EXPLICIT,
-            deliver_policy=api.DeliverPolicy.ALL,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start_seq else api.DeliverPolicy.ALL,
+            opt_start_seq=start_seq or None,
             max_deliver=self.max_deliver,
             ack_wait=self.ack_wait_s,
             filter_subjects=self.filter_subjects or None,
@@ -199,6 +202,8 @@ class ConsumerStats:
     errors: int = 0
     redelivered: int = 0
     dead_lettered: int = 0
+    recreated: int = 0
+    """Times the durable consumer had vanished (deleted by hand, or lost with the server's state) and was made again."""
     last_error: str = ""
     lag: int = 0
     """Messages in the stream still to deliver after the last batch (0 once a fetch finds nothing new)."""
@@ -401,12 +406,14 @@ class Bus:
 
     async def consumer(self, spec: ConsumerSpec) -> Consumer:
         """Create (or update) a durable consumer and bind to it."""
+        return Consumer(self, spec, await self._bind(spec))
+
+    async def _bind(self, spec: ConsumerSpec, start_seq: int = 0) -> JetStreamContext.PullSubscription:
         try:
-            await self.js.add_consumer(spec.stream, config=spec.config())
-            sub = await self.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
+            await self.js.add_consumer(spec.stream, config=spec.config(start_seq))
+            return await self.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
         except nats.js.errors.Error as e:
             raise BusError(f"cannot create consumer {spec.durable} on {spec.stream}: {e}") from e
-        return Consumer(self, spec, sub)
 
     async def dead_letter(self, consumer: str, msg: Msg, error: BaseException) -> None:
         """Park a message the consumer gave up on, with why, in the DEADLETTER stream."""
@@ -438,13 +445,23 @@ class Consumer:
     A batch is handed to the handler whole; if it raises, each event is retried alone so one poison message
     cannot hold back the others. A failing event is redelivered with growing delays and dead-lettered after
     ``max_deliver`` attempts; a message that is not a valid event is dead-lettered at once.
+
+    A durable consumer that vanished (deleted, or lost with the server's state) is made again, from just after the
+    last message the server had recorded as done (its ack floor, read every ``check_every_s``): what was acked
+    since that reading is delivered again, as any redelivery is, and nothing is skipped.
     """
 
-    def __init__(self, bus: Bus, spec: ConsumerSpec, sub: JetStreamContext.PullSubscription) -> None:
+    def __init__(
+        self, bus: Bus, spec: ConsumerSpec, sub: JetStreamContext.PullSubscription, check_every_s: float = 5.0
+    ) -> None:
         self.bus = bus
         self.spec = spec
         self.sub = sub
         self.stats = ConsumerStats()
+        self.ack_floor = 0
+        """The stream sequence up to which the server last said every message was done."""
+        self.check_every_s = check_every_s
+        self._checked_at = time.monotonic()
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -462,6 +479,8 @@ class Consumer:
 
     async def run(self, handler: BatchHandler, fetch_timeout_s: float = 1.0) -> None:
         while not self._stop.is_set():
+            if time.monotonic() - self._checked_at >= self.check_every_s:
+                await self._check()
             try:
                 msgs = await self.sub.fetch(self.spec.batch, timeout=fetch_timeout_s)
             except (TimeoutError, nats.errors.TimeoutError):
@@ -471,11 +490,42 @@ class Consumer:
                 return
             except nats.errors.Error as e:
                 log.warning("fetch on %s failed: %s", self.spec.durable, e)
+                await self._check()
                 await asyncio.sleep(0.2)
                 continue
             if msgs:
                 self.stats.lag = int(msgs[-1].metadata.num_pending)
             await self._process(msgs, handler)
+
+    async def _check(self) -> None:
+        """Read the consumer's ack floor; make the consumer again if the server no longer has it."""
+        self._checked_at = time.monotonic()
+        try:
+            info = await self.bus.js.consumer_info(self.spec.stream, self.spec.durable)
+        except nats.js.errors.NotFoundError:
+            await self._recreate()
+        except (nats.errors.Error, TimeoutError) as e:
+            log.debug("consumer info of %s: %s", self.spec.durable, e)
+        else:
+            self.ack_floor = max(self.ack_floor, int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0)
+
+    async def _recreate(self) -> None:
+        start = self.ack_floor + 1 if self.ack_floor else 0
+        log.warning(
+            "consumer %s on %s had vanished; made again, from stream sequence %s",
+            self.spec.durable,
+            self.spec.stream,
+            start or "1 (nothing was recorded as done)",
+        )
+        try:
+            sub = await self.bus._bind(self.spec, start)
+        except BusError as e:
+            self._record_error(e)
+            return
+        with contextlib.suppress(nats.errors.Error):
+            await self.sub.unsubscribe()
+        self.sub = sub
+        self.stats.recreated += 1
 
     async def _process(self, msgs: list[Msg], handler: BatchHandler) -> None:
         deliveries: list[Delivery] = []

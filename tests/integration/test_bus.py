@@ -126,6 +126,32 @@ async def test_consumer_delivers_in_order_and_resumes_where_it_left_off(bus: Bus
     assert seen == list(range(25))
 
 
+async def test_a_consumer_that_vanished_is_made_again_from_where_it_had_got_to(bus: Bus) -> None:
+    spec = ConsumerSpec(durable="t-vanish", stream=RUNS_STREAM, filter_subjects=[event_filter("step.done")])
+    await bus.publish_many([step(i) for i in range(5)])
+    last = (await bus.js.stream_info(RUNS_STREAM)).state.last_seq
+    seen: list[int] = []
+
+    async def handler(batch: list[Delivery]) -> None:
+        seen.extend(d.event.data.step for d in batch)  # type: ignore[attr-defined]
+
+    consumer = await bus.consumer(spec)
+    consumer.check_every_s = 0.2
+    task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
+    try:
+        await async_wait_until(lambda: len(seen) == 5 and consumer.ack_floor == last, 15, "5 done, as the server says")
+        await bus.js.delete_consumer(RUNS_STREAM, "t-vanish")  # as an admin's mistake, or a server's lost state
+        await bus.publish_many([step(i) for i in range(5, 8)])
+        await async_wait_until(lambda: len(seen) == 8, 15, "the events published after the consumer vanished")
+        info = await bus.js.consumer_info(RUNS_STREAM, "t-vanish")
+    finally:
+        consumer.stop()
+        await task
+        await consumer.close()
+    assert seen == list(range(8)) and consumer.stats.recreated == 1  # none skipped, none handled twice
+    assert info.config.opt_start_seq == last + 1 and info.config.filter_subjects == [event_filter("step.done")]
+
+
 async def test_a_poison_event_is_dead_lettered_and_does_not_hold_back_the_others(bus: Bus) -> None:
     spec = ConsumerSpec(
         durable="t-poison",
