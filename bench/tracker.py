@@ -28,6 +28,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -151,11 +152,15 @@ async def tracker_health(nats_url: str) -> dict[str, Any] | None:
         await bus.close()
 
 
+BENCH_ADMIN = "rca_bench-" + secrets.token_urlsafe(16)  # the admin token of the trackers this script starts
+
+
 def stored_count(api: str) -> int:
     import httpx
 
     try:
-        return int(httpx.get(f"{api}/healthz", timeout=5).json()["events"])
+        headers = {"Authorization": f"Bearer {BENCH_ADMIN}"}
+        return int(httpx.get(f"{api}/healthz", headers=headers, timeout=5).json()["events"])
     except httpx.HTTPError:
         return -1
 
@@ -218,6 +223,7 @@ def ingest(procs: Procs, nats_url: str, db_url: str, backlog: int, rate: float, 
     bare = asyncio.run(bare_consumer_rate(nats_url, backlog))
     port = free_port()
     env = {**os.environ, "RUNCTL_NATS_URL": nats_url, "RUNCTL_DB_URL": db_url, "RUNCTL_TRACKER_PORT": str(port)}
+    env["RUNCTL_ADMIN_TOKEN"] = BENCH_ADMIN
     api = f"http://127.0.0.1:{port}"
     tracker = procs.start([sys.executable, "-m", "services.tracker"], env)
     wait_until(lambda: stored_count(api) > 0, 60, "the tracker to store its first event", interval_s=0.01)
@@ -265,6 +271,7 @@ def page_ms(db_url: str, num_steps: int) -> dict[str, float]:
     from sqlalchemy import delete
 
     from services.tracker.api import make_app
+    from services.tracker.auth import TokenAuth
     from services.tracker.db import Base, make_engine
     from services.tracker.projection import project
 
@@ -292,7 +299,8 @@ def page_ms(db_url: str, num_steps: int) -> dict[str, float]:
         "trials": f"/api/runs/{run_id}/trials?limit=200",
     }
     times: dict[str, float] = {}
-    with TestClient(make_app(engine)) as client:
+    app = make_app(engine, auth=TokenAuth(BENCH_ADMIN))
+    with TestClient(app, headers={"Authorization": f"Bearer {BENCH_ADMIN}"}) as client:
         for name, path in paths.items():
             samples = []
             for _ in range(7):

@@ -45,6 +45,16 @@ def tracker_url(explicit: str | None = None) -> str:
     return state.tracker_url if state is not None else DEFAULT_TRACKER_URL
 
 
+def api_token() -> str | None:
+    """The token the tracker API is asked with: the team's (``RUNCTL_TOKEN``, or the credentials file), else the
+    admin's (``RUNCTL_ADMIN_TOKEN``, else the embedded stack's ``$RUNCTL_HOME/admin-token``)."""
+    from runctl.bus.client import credentials
+    from runctl.teams import admin_token
+
+    login = credentials()
+    return login[1] if login is not None else admin_token()
+
+
 def dashboard_url(explicit: str | None = None) -> str:
     """The dashboard's URL (the tracker serves it), once the tracker has answered.
 
@@ -273,14 +283,18 @@ class RunctlClient:
     async def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         import httpx  # local: the CLI's light commands never pay for it
 
+        token = api_token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            async with httpx.AsyncClient(base_url=self.tracker, timeout=10) as http:
+            async with httpx.AsyncClient(base_url=self.tracker, timeout=10, headers=headers) as http:
                 response = await http.get(path, params={k: v for k, v in (params or {}).items() if v is not None})
         except httpx.HTTPError as e:
             raise TrackerError(
                 f"cannot reach the tracker at {self.tracker} ({type(e).__name__}). "
                 "Fix: start the stack with `runctl up`, or set RUNCTL_TRACKER_URL."
             ) from e
+        if response.status_code == 401:
+            raise TrackerError(f"the tracker at {self.tracker} refused: {response.json().get('detail', '')}")
         if response.status_code == 404:
             raise RunNotFoundError(response.json().get("detail", f"not found: {path}"))
         if response.status_code >= 400:

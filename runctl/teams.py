@@ -17,11 +17,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import math
+import os
 import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import nats.js.errors
 from nats.js.kv import KeyValue
@@ -31,6 +34,7 @@ from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.errors import RunctlError
 from runctl.subjects import kv_bucket
 
+log = logging.getLogger(__name__)
 BUCKET = kv_bucket("teams")
 TOKEN_PREFIX = "rct_"
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -223,3 +227,36 @@ def _quotas(
 def quota_text(value: float | None) -> str:
     """A quota as `team list` shows it."""
     return "-" if value is None else f"{value:g}"
+
+
+ADMIN_PREFIX = "rca_"
+
+
+def admin_token_path() -> Path:
+    from runctl.home import home
+
+    return home() / "admin-token"
+
+
+def admin_token(create: bool = False) -> str | None:
+    """The tracker API's admin token: ``$RUNCTL_ADMIN_TOKEN``, else the one in ``$RUNCTL_HOME/admin-token``; with
+    ``create`` (the tracker, at its start), a new one written there (mode 0600) when there is none — so the embedded
+    stack's CLI reads it with no setup."""
+    token = os.environ.get("RUNCTL_ADMIN_TOKEN", "").strip()
+    if token:
+        return token
+    path = admin_token_path()
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        if not create:
+            return None
+    except OSError:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = ADMIN_PREFIX + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    log.warning("no admin token was set: wrote a new one to %s (RUNCTL_ADMIN_TOKEN overrides it)", path)
+    return token

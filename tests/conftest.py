@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -36,16 +37,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         vllm_server.tiny_model()
 
 
+# The tracker API's admin token of the trackers the tests start (they inherit it), and of the SDK in-process.
+ADMIN_TOKEN = "rca_tests-" + secrets.token_urlsafe(16)
+
+
+def admin_headers(token: str = ADMIN_TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_runctl_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """No test reads or writes the developer's ~/.runctl: in-process code gets a home of its own."""
-    previous = os.environ.get("RUNCTL_HOME")
+    """No test reads or writes the developer's ~/.runctl: in-process code gets a home of its own (and the tests'
+    admin token for the tracker API)."""
+    previous = {k: os.environ.get(k) for k in ("RUNCTL_HOME", "RUNCTL_ADMIN_TOKEN")}
     os.environ["RUNCTL_HOME"] = str(tmp_path_factory.mktemp("runctl-home"))
+    os.environ["RUNCTL_ADMIN_TOKEN"] = ADMIN_TOKEN
     yield
-    if previous is None:
-        os.environ.pop("RUNCTL_HOME", None)
-    else:
-        os.environ["RUNCTL_HOME"] = previous
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def free_port() -> int:

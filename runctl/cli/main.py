@@ -809,15 +809,19 @@ def tracker_import(
 def dashboard(
     open_browser: Annotated[bool, typer.Option("--open", help="Also open it in the default browser.")] = False,
 ) -> None:
-    """Print the dashboard's URL (the tracker serves it), after checking that the tracker answers."""
-    from runctl.sdk import dashboard_url
+    """Print the dashboard's URL (the tracker serves it), after checking that the tracker answers. With --open, the
+    browser gets your token too (in the link's #fragment, which is never sent over the network in the URL)."""
+    from urllib.parse import quote
+
+    from runctl.sdk import api_token, dashboard_url
 
     url = dashboard_url()
     print(url)
     if open_browser:
         import webbrowser
 
-        webbrowser.open(url)
+        token = api_token()
+        webbrowser.open(url + (f"#token={quote(token, safe='')}" if token else ""))
 
 
 def main() -> None:

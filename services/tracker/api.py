@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from services.tracker import artifacts, queries
+from services.tracker.auth import ADMIN, COOKIE, Authenticator, Principal
 from services.tracker.db import EventRow, RunRow, TrialRow, aware
 from services.tracker.live import KEEPALIVE_S, Notifier
 
@@ -46,26 +47,87 @@ def _db(request: Request) -> Iterator[Session]:
         yield session
 
 
+def _token(request: Request) -> str:
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.cookies.get(COOKIE, "")
+
+
+async def principal(request: Request) -> Principal:
+    """The admin or the team the request's token is (401 when it has none, or one that is no one's)."""
+    return await _principal(request, _token(request))
+
+
+async def _principal(request: Request, token: str) -> Principal:
+    auth: Authenticator = request.app.state.auth
+    who = await auth(token) if token else None
+    if who is None:
+        raise HTTPException(
+            status_code=401,
+            detail=(
+                ("this token is no team's and not the admin's" if token else "the tracker needs a token")
+                + ". Fix: send your team's token (RUNCTL_TOKEN, as `runctl team add` printed it) as "
+                "'Authorization: Bearer <token>', or open the dashboard with `runctl dashboard --open`"
+            ),
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return who
+
+
 Db = Annotated[Session, Depends(_db)]
+Who = Annotated[Principal, Depends(principal)]
 router = APIRouter()
 
 
-def run_or_404(session: Session, run_id: str) -> RunRow:
+def run_or_404(session: Session, run_id: str, who: Principal) -> RunRow:
+    """The run, if it is recorded and ``who`` may see it; another team's run is a 404 as a missing one is (its
+    id tells nothing)."""
     run = session.get(RunRow, run_id)
-    if run is None:
+    if run is None or not who.sees(run.team):
         raise HTTPException(status_code=404, detail=f"no run {run_id!r} is recorded; list the runs with GET /api/runs")
     return run
 
 
 @router.get("/healthz")
-def healthz(session: Db) -> dict[str, Any]:
-    count = session.scalar(select(func.count()).select_from(EventRow))
-    return {"ok": True, "events": count}
+async def healthz(request: Request) -> dict[str, Any]:
+    """Liveness, for probes, with no token; with the admin token, also how many events are stored."""
+    body: dict[str, Any] = {"ok": True}
+    token = _token(request)
+    if token and await request.app.state.auth(token) == ADMIN:
+        with Session(request.app.state.engine) as session:
+            body["events"] = session.scalar(select(func.count()).select_from(EventRow))
+    return body
+
+
+@router.post("/api/session")
+async def login(request: Request, token: Annotated[str, Body(embed=True)] = "") -> Response:
+    """Check a token (in the body, or as the Authorization header) and keep it in a cookie for this browser
+    session, so the dashboard's pages and its live stream carry it."""
+    token = token or _token(request)
+    who = await _principal(request, token)
+    response = _json({"team": who.team, "admin": who.admin})
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+    return response
+
+
+@router.get("/api/session")
+def whoami(who: Who) -> dict[str, Any]:
+    """Who the request's token is."""
+    return {"team": who.team, "admin": who.admin}
+
+
+@router.delete("/api/session")
+def logout() -> Response:
+    response = _json({"ok": True})
+    response.delete_cookie(COOKIE, path="/")
+    return response
 
 
 @router.get("/api/runs")
 def list_runs(
     session: Db,
+    who: Who,
     team: str | None = None,
     state: str | None = None,
     run_type: str | None = None,
@@ -73,8 +135,10 @@ def list_runs(
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> dict[str, Any]:
-    """Runs, newest first, filtered by team, state, run type or experiment."""
+    """Runs, newest first, filtered by team, state, run type or experiment (a team's token: its own runs only)."""
     query = select(RunRow)
+    if not who.admin:
+        query = query.where(RunRow.team == who.team)
     for column, value in (
         (RunRow.team, team),
         (RunRow.state, state),
@@ -93,9 +157,9 @@ def list_runs(
 
 
 @router.get("/api/runs/{run_id}")
-def get_run(session: Db, run_id: str, events: bool = False) -> dict[str, Any]:
+def get_run(session: Db, who: Who, run_id: str, events: bool = False) -> dict[str, Any]:
     """One run with its resolved config (and, with ``events=true``, every event in order)."""
-    run = run_or_404(session, run_id)
+    run = run_or_404(session, run_id, who)
     body: dict[str, Any] = {"run": run.as_dict(), "resolved": run.resolved}
     if events:
         rows = session.scalars(
@@ -106,70 +170,74 @@ def get_run(session: Db, run_id: str, events: bool = False) -> dict[str, Any]:
 
 
 @router.get("/api/runs/{run_id}/events")
-def run_events(session: Db, run_id: str, name: str | None = None, limit: Limit = 200, offset: Offset = 0) -> Response:
+def run_events(
+    session: Db, who: Who, run_id: str, name: str | None = None, limit: Limit = 200, offset: Offset = 0
+) -> Response:
     """The run's events in the order they happened, one page at a time; ``name`` keeps one kind."""
     query = select(EventRow).where(EventRow.run_id == run_id)
     if name is not None:
         query = query.where(EventRow.name == name)
-    run_or_404(session, run_id)
+    run_or_404(session, run_id, who)
     total = session.scalar(select(func.count()).select_from(query.subquery()))
     rows = session.scalars(query.order_by(EventRow.time, EventRow.pk).limit(limit).offset(offset)).all()
     return _json({"total": total, "events": [row.as_dict() for row in rows]})
 
 
 @router.get("/api/runs/{run_id}/config")
-def run_config(session: Db, run_id: str) -> dict[str, Any]:
+def run_config(session: Db, who: Who, run_id: str) -> dict[str, Any]:
     """The resolved config: every key, its value, and the layer that set it."""
-    return {"resolved": run_or_404(session, run_id).resolved}
+    return {"resolved": run_or_404(session, run_id, who).resolved}
 
 
 @router.get("/api/runs/{run_id}/timeline")
-def run_timeline(session: Db, run_id: str) -> dict[str, Any]:
-    run_or_404(session, run_id)
+def run_timeline(session: Db, who: Who, run_id: str) -> dict[str, Any]:
+    run_or_404(session, run_id, who)
     return {"marks": queries.timeline(session, run_id)}
 
 
 @router.get("/api/runs/{run_id}/validation")
-def run_validation(session: Db, run_id: str) -> dict[str, Any]:
-    run_or_404(session, run_id)
+def run_validation(session: Db, who: Who, run_id: str) -> dict[str, Any]:
+    run_or_404(session, run_id, who)
     return queries.validation(session, run_id)
 
 
 @router.get("/api/runs/{run_id}/metrics/keys")
-def run_metric_keys(session: Db, run_id: str) -> dict[str, Any]:
-    run_or_404(session, run_id)
+def run_metric_keys(session: Db, who: Who, run_id: str) -> dict[str, Any]:
+    run_or_404(session, run_id, who)
     return {"keys": queries.metric_keys(session, run_id)}
 
 
 @router.get("/api/runs/{run_id}/metrics")
 def run_metrics(
     session: Db,
+    who: Who,
     run_id: str,
     keys: Annotated[str | None, Query(description="Comma-separated keys; default: the standard five.")] = None,
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS)] = 600,
 ) -> Response:
     """Metrics by step, each key downsampled to at most ``max_points`` (mean, min and max per bucket)."""
-    run_or_404(session, run_id)
+    run_or_404(session, run_id, who)
     return _json(queries.metrics(session, run_id, _split(keys) or list(queries.DEFAULT_KEYS), max_points))
 
 
 @router.get("/api/runs/{run_id}/checkpoints")
-def run_checkpoints(session: Db, run_id: str) -> dict[str, Any]:
+def run_checkpoints(session: Db, who: Who, run_id: str) -> dict[str, Any]:
     """Checkpoints by step, each with the state and score of the eval run requested for it."""
-    run_or_404(session, run_id)
+    run_or_404(session, run_id, who)
     return {"checkpoints": queries.checkpoints(session, run_id)}
 
 
 @router.get("/api/runs/{run_id}/tasks")
-def run_tasks(session: Db, run_id: str) -> dict[str, Any]:
+def run_tasks(session: Db, who: Who, run_id: str) -> dict[str, Any]:
     """Pass rate and mean reward of each task in the run."""
-    run_or_404(session, run_id)
+    run_or_404(session, run_id, who)
     return {"tasks": queries.task_rates(session, run_id)}
 
 
 @router.get("/api/runs/{run_id}/trials")
 def run_trials(
     session: Db,
+    who: Who,
     run_id: str,
     task: str | None = None,
     termination_reason: str | None = None,
@@ -188,7 +256,7 @@ def run_trials(
         query = query.where(TrialRow.reward >= min_reward)
     if max_reward is not None:
         query = query.where(TrialRow.reward <= max_reward)
-    run_or_404(session, run_id)
+    run_or_404(session, run_id, who)
     total = session.scalar(select(func.count()).select_from(query.subquery()))
     rows = session.scalars(
         query.order_by(TrialRow.task, TrialRow.trial, TrialRow.time).limit(limit).offset(offset)
@@ -197,49 +265,61 @@ def run_trials(
 
 
 @router.get("/api/runs/{run_id}/trials/{task}/{trial}")
-def run_trial(session: Db, run_id: str, task: str, trial: Annotated[int, PathParam(ge=0)]) -> dict[str, Any]:
+def run_trial(session: Db, who: Who, run_id: str, task: str, trial: Annotated[int, PathParam(ge=0)]) -> dict[str, Any]:
     """One trial: its record, its trajectory turn by turn, the verifier's output and the agent's logs."""
-    run = run_or_404(session, run_id)
+    run = run_or_404(session, run_id, who)
     return artifacts.trial_detail(run, task, trial)
 
 
 @router.get("/api/tasks/pass-rates")
 def pass_rates(
     session: Db,
+    who: Who,
     run_ids: Annotated[str, Query(description="Comma-separated run ids.")],
     task: str | None = None,
 ) -> dict[str, Any]:
     """Each task's pass rate in each of the runs."""
-    return {"tasks": queries.pass_rates_across(session, _split(run_ids), task)}
+    ids = _split(run_ids)
+    if not who.admin:
+        for run_id in ids:
+            run_or_404(session, run_id, who)
+    return {"tasks": queries.pass_rates_across(session, ids, task)}
 
 
 @router.get("/api/usage")
 def usage(
     session: Db,
+    who: Who,
     team: str | None = None,
     since: Annotated[
         datetime | None, Query(description="Count only what was used from then on (ISO 8601 date or time; UTC).")
     ] = None,
 ) -> Response:
     """What each team and each run used: GPU-hours by role (rollout, training, eval), CPU-hours of CPU runs,
-    sandbox-minutes and tokens generated, derived from the events."""
+    sandbox-minutes and tokens generated, derived from the events (a team's token: its own only)."""
     now = datetime.now(UTC)
+    if not who.admin:
+        team = who.team if team in (None, who.team) else ""  # another team's: nothing this token may see
     return _json(queries.usage(session, team, aware(since) if since is not None else None, now))
 
 
 @router.get("/api/stream")
-async def stream(request: Request, run_id: str | None = None) -> StreamingResponse:
-    """Server-Sent Events: ``persisted`` whenever events of ``run_id`` (or of any run) are stored."""
+async def stream(request: Request, who: Who, run_id: str | None = None) -> StreamingResponse:
+    """Server-Sent Events: ``persisted`` whenever events of ``run_id`` (or of any run the token may see) are
+    stored."""
     state = request.app.state
     return StreamingResponse(
-        state.notifier.stream(run_id, state.keepalive_s),
+        state.notifier.stream(run_id, state.keepalive_s, team=who.team),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def prometheus(request: Request) -> PlainTextResponse:
+def prometheus(request: Request, who: Who) -> PlainTextResponse:
+    """The tracker's own metrics (the admin token)."""
+    if not who.admin:
+        raise HTTPException(status_code=403, detail="the tracker's metrics are for the admin token")
     metrics = request.app.state.metrics
     body = metrics() if metrics is not None else b""
     return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
@@ -270,11 +350,14 @@ def make_app(
     notifier: Notifier | None = None,
     metrics: Callable[[], bytes] | None = None,
     keepalive_s: float = KEEPALIVE_S,
+    *,
+    auth: Authenticator,
 ) -> FastAPI:
     """The API and dashboard over a database engine.
 
     Args:
         engine: the projection's database.
+        auth: who a token is (services.tracker.auth.TokenAuth); every API route asks it.
         notifier: where the projector announces committed batches (live updates); None serves a stream that only
             keeps alive.
         metrics: the service's Prometheus exposition, served at ``/metrics``.
@@ -284,6 +367,7 @@ def make_app(
     app.state.engine = engine
     app.state.notifier = notifier or Notifier()
     app.state.metrics = metrics
+    app.state.auth = auth
     app.state.keepalive_s = keepalive_s
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static")

@@ -25,7 +25,9 @@ from runctl.home import home
 from runctl.metrics import Gauge
 from runctl.service import ServiceRuntime
 from runctl.subjects import persisted_subject
+from runctl.teams import TeamRegistry
 from services.tracker.api import make_app
+from services.tracker.auth import TokenAuth, admin_token
 from services.tracker.db import EventRow, make_engine
 from services.tracker.live import Notifier
 from services.tracker.projection import project
@@ -72,7 +74,7 @@ class Projector:
             await self.bus.nc.publish(persisted_subject(), json.dumps(notice).encode())
             stored = set(ids)
             events = [d.event for d in batch if d.event.id in stored]
-            self.notifier.publish(sorted({e.runid for e in events}), sorted({e.name for e in events}), len(ids))
+            self.notifier.publish({e.runid: e.team for e in events}, sorted({e.name for e in events}), len(ids))
 
 
 class _Server(uvicorn.Server):
@@ -103,7 +105,13 @@ async def main(runtime: ServiceRuntime) -> None:
     metrics.add(clients)
     host = os.environ.get("RUNCTL_TRACKER_HOST", "127.0.0.1")
     port = int(os.environ.get("RUNCTL_TRACKER_PORT", DEFAULT_PORT))
-    app = make_app(engine, notifier, metrics.render)
+    registry = TeamRegistry(runtime.bus)
+
+    async def team_of(token: str) -> str | None:
+        team = await registry.by_token(token)
+        return team.name if team is not None else None
+
+    app = make_app(engine, notifier, metrics.render, auth=TokenAuth(admin_token(create=True), team_of))
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
 
     def health() -> dict[str, object]:

@@ -139,6 +139,15 @@ def test_the_whole_tour_on_the_embedded_stack(stack: Cli) -> None:
     assert "since 2026-01-01" in table and "CPU-h" in table and run_id in table
     bad = stack("usage", "--since", "soon", check=False)
     assert bad.returncode == 2 and "--since 2026-12-01" in bad.stderr
+    # The tracker wants a token: the embedded stack's admin token, which the CLI read from the stack's home above;
+    # `dashboard --open` hands it to the browser in the link's fragment (and never prints it).
+    token = (stack.home / "admin-token").read_text().strip()
+    opened, browser = stack.home.parent / "opened", stack.home.parent / "browser.sh"
+    browser.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    browser.chmod(0o755)
+    shown = stack("dashboard", "--open", BROWSER=f"{browser} %s").stdout
+    assert opened.read_text().strip() == f"{shown.strip()}#token={token}" and token not in shown
+    assert stack("runs", RUNCTL_ADMIN_TOKEN="rca_not-this-one", check=False).stderr.startswith("TrackerError")
 
 
 def test_cancel_from_the_cli(stack: Cli, tmp_path: Path) -> None:

@@ -22,15 +22,17 @@ from runctl.config import load_config
 from runctl.events import Event, PhaseStarted, StepDone, new_event
 from runctl.sdk import submission_event
 from services.tracker.api import make_app
+from services.tracker.auth import COOKIE, TokenAuth
 from services.tracker.db import make_engine
 from services.tracker.live import Notifier
-from tests.conftest import ROOT, wait_until
-from tests.integration.test_tracker_api import DATA, INFER, TRAIN, load, recorded
+from tests.conftest import ADMIN_TOKEN, ROOT, wait_until
+from tests.integration.test_tracker_api import DATA, INFER, TRAIN, load, recorded, team_of
 
 pytestmark = pytest.mark.integration
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
-LiveClient = tuple[str | None, asyncio.Queue[dict[str, Any]]]  # the notifier's: (run watched or None, queue)
+# The notifier's: (run watched or None, team whose runs it hears of or None, queue).
+LiveClient = tuple[str | None, str | None, asyncio.Queue[dict[str, Any]]]
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -51,7 +53,7 @@ class Tracker:
     def store(self, events: list[Event]) -> None:
         """Project events and announce them, as the tracker service does after a commit."""
         load(self.engine, events)
-        runs = sorted({e.runid for e in events})
+        runs = {e.runid: e.team for e in events}
         names = sorted({e.name for e in events})
         self.loop.call_soon_threadsafe(self.notifier.publish, runs, names, len(events))
 
@@ -81,7 +83,7 @@ def tracker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tracker]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    app = make_app(engine, notifier, keepalive_s=1.0)
+    app = make_app(engine, notifier, keepalive_s=1.0, auth=TokenAuth(ADMIN_TOKEN, team_of))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     loops: list[asyncio.AbstractEventLoop] = []
 
@@ -113,8 +115,9 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
+def page(browser: Browser, tracker: Tracker) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_cookies([{"name": COOKIE, "value": ADMIN_TOKEN, "url": tracker.url}])  # signed in as the admin
     page = context.new_page()
     errors: list[str] = []
 
@@ -277,3 +280,38 @@ def test_the_usage_page_shows_what_each_team_and_run_used(tracker: Tracker, page
     assert "team=vision" in page.url
     page.goto(tracker.url + "/usage?team=nlp&since=2030-01-01")  # nothing used since then
     expect(page.locator("#usage-teams tbody")).to_contain_text("Nothing used yet.")
+
+
+def test_the_dashboard_asks_for_a_token_once_and_a_team_sees_only_its_runs(tracker: Tracker, browser: Browser) -> None:
+    from tests.unit.test_usage import EVENTS
+
+    tracker.store(EVENTS)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto(tracker.url + "/")  # no token yet: the page asks for one
+        expect(page.locator("#token-form")).to_be_visible()
+        page.fill("#token-input", "rct_nlp.wrong")
+        page.click("#token-form button")
+        expect(page.locator("#token-note")).to_contain_text("no team's")
+        page.fill("#token-input", "rct_nlp.n1p")
+        page.click("#token-form button")
+        expect(page.locator('table#runs tbody tr[data-run-id="inf"]')).to_be_visible()
+        expect(page.locator(f'table#runs tbody tr[data-run-id="{TRAIN}"]')).to_have_count(0)  # team demo's
+        expect(page.locator("#token-form")).to_have_count(0)
+        page.goto(f"{tracker.url}/runs/{TRAIN}")  # another team's run: as if it did not exist
+        expect(page.locator("#error")).to_contain_text("404")
+    finally:
+        context.close()
+    # `runctl dashboard --open` hands the token over in the link's fragment: signed in at once, then it is gone
+    # from the address bar.
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto(f"{tracker.url}/#token={ADMIN_TOKEN}")
+        expect(page.locator(f'table#runs tbody tr[data-run-id="{TRAIN}"]')).to_be_visible()
+        expect(page.locator('table#runs tbody tr[data-run-id="inf"]')).to_be_visible()
+        assert "token" not in page.url
+        assert [c["httpOnly"] for c in context.cookies() if c["name"] == COOKIE] == [True]
+    finally:
+        context.close()

@@ -19,7 +19,7 @@ from runctl.events import CheckpointSaved, new_event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.home import read_stack_state
 from services.launcher.evals import eval_run_id
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, admin_headers, wait_until
 from tests.e2e.conftest import Cli
 from tests.integration.test_runner import config
 
@@ -87,7 +87,10 @@ def test_the_eval_runs_of_a_cancelled_train_run_finish_once_each_and_name_their_
 
     state = read_stack_state(stack.home)
     assert state is not None
-    rows = httpx.get(f"{state.tracker_url}/api/runs/{run_id}/checkpoints", timeout=10).json()["checkpoints"]
+    token = (stack.home / "admin-token").read_text().strip()  # the embedded stack's tracker wrote it
+    rows = httpx.get(
+        f"{state.tracker_url}/api/runs/{run_id}/checkpoints", headers=admin_headers(token), timeout=10
+    ).json()["checkpoints"]
     assert [r["step"] for r in rows] == steps  # the base model is step 0
     for row in rows:
         assert row["eval_run_id"] == eval_run_id(run_id, row["step"]) and row["eval_state"] == "succeeded"

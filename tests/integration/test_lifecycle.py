@@ -16,7 +16,7 @@ from runctl.config import load_config
 from runctl.events import ConfigSubmitted, new_event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import RunctlClient, submission_event
-from tests.conftest import ROOT, Services, wait_until
+from tests.conftest import ROOT, Services, admin_headers, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def expected_names(num_steps: int, n_resp: int, save_freq: int) -> list[str]:
 
 
 def tracked(services: Services, run_id: str) -> dict[str, Any] | None:
-    response = httpx.get(f"{services.tracker_url}/api/runs/{run_id}?events=true", timeout=5)
+    response = httpx.get(f"{services.tracker_url}/api/runs/{run_id}?events=true", headers=admin_headers(), timeout=5)
     return response.json() if response.status_code == 200 else None
 
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Engine
@@ -27,9 +28,10 @@ from sqlalchemy.orm import Session
 from runctl.events import Event, parse_event
 from services.tracker import queries
 from services.tracker.api import make_app
+from services.tracker.auth import TokenAuth
 from services.tracker.db import Base, make_engine, migrate
 from services.tracker.projection import project
-from tests.conftest import ROOT
+from tests.conftest import ADMIN_TOKEN, ROOT, admin_headers
 from tests.infra.postgres import new_database
 
 pytestmark = pytest.mark.integration
@@ -69,11 +71,23 @@ def engine(db_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
+TEAM_TOKENS = {"rct_demo.d3m0": "demo", "rct_nlp.n1p": "nlp"}
+
+
+async def team_of(token: str) -> str | None:
+    return TEAM_TOKENS.get(token)
+
+
 @pytest.fixture
-def api(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[httpx.Client]:
+def app(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> FastAPI:
     monkeypatch.setenv("RUNCTL_HOME", str(DATA / "home"))
     assert load(engine, recorded()) == len(recorded())
-    with TestClient(make_app(engine), base_url="http://tracker") as client:
+    return make_app(engine, auth=TokenAuth(ADMIN_TOKEN, team_of))
+
+
+@pytest.fixture
+def api(app: FastAPI) -> Iterator[httpx.Client]:
+    with TestClient(app, base_url="http://tracker", headers=admin_headers()) as client:
         yield client
 
 
@@ -278,6 +292,59 @@ def test_usage_is_derived_per_team_and_run_and_counts_only_the_window_asked_for(
     assert get(api, "/api/usage", team="nobody")["teams"] == []
     bad = api.get("/api/usage", params={"since": "last tuesday"})
     assert bad.status_code == 422 and "since" in bad.text
+
+
+def test_every_route_needs_a_token_and_a_team_sees_only_its_own_runs(app: FastAPI, engine: Engine) -> None:
+    from tests.unit.test_usage import EVENTS
+
+    load(engine, EVENTS)  # runs of teams nlp and vision beside the recorded demo runs
+    tried: list[str] = []
+    refused: list[str] = []
+
+    def check(client: TestClient, path: str, status: int, **params: Any) -> None:
+        response = client.get(path, params=params)
+        if status in (401, 404):
+            tried.append(path)
+            refused.extend([path] if response.status_code == status else [])
+        assert response.status_code == status, (path, response.text)
+
+    nobody = TestClient(app, base_url="http://tracker")
+    forged = TestClient(app, base_url="http://tracker", headers=admin_headers("rct_nlp.forged"))
+    run_paths = ["", "/config", "/events", "/timeline", "/validation", "/metrics", "/metrics/keys", "/checkpoints"]
+    run_paths += ["/tasks", "/trials", "/trials/t/0"]
+    for client in (nobody, forged):
+        for path in ["/api/runs", "/api/usage", "/api/stream", "/metrics", "/api/session"]:
+            check(client, path, 401)
+        for path in run_paths:
+            check(client, f"/api/runs/{TRAIN}{path}", 401)
+    assert "Authorization: Bearer" in nobody.get("/api/runs").json()["detail"]
+    assert nobody.get("/healthz").json() == {"ok": True}  # liveness needs no token, and tells nothing
+    with TestClient(app, base_url="http://tracker", headers=admin_headers("rct_nlp.n1p")) as nlp:
+        listed = nlp.get("/api/runs", params={"limit": 500}).json()
+        assert sorted(run["run_id"] for run in listed["runs"]) == sorted([REJECTED, "inf", "tr"])  # nlp's only
+        assert nlp.get("/api/runs", params={"team": "demo"}).json()["total"] == 0
+        for path in run_paths:  # another team's run is a 404, as a missing run is: its id tells nothing
+            check(nlp, f"/api/runs/{TRAIN}{path}", 404)
+        check(nlp, "/api/tasks/pass-rates", 404, run_ids=f"inf,{TRAIN}")
+        check(nlp, "/api/runs/inf", 200)
+        assert {row["team"] for row in nlp.get("/api/usage").json()["teams"]} == {"nlp"}
+        assert nlp.get("/api/usage", params={"team": "vision"}).json()["teams"] == []
+        assert nlp.get("/metrics").status_code == 403
+        assert nlp.get("/api/session").json() == {"team": "nlp", "admin": False}
+    admin = TestClient(app, base_url="http://tracker", headers=admin_headers())
+    assert admin.get("/api/runs", params={"limit": 500}).json()["total"] == 8 + 4
+    assert admin.get(f"/api/runs/{TRAIN}").status_code == 200 and admin.get("/healthz").json()["events"] > 0
+    # The dashboard's way: the token once, then a cookie for the browser session.
+    browser = TestClient(app, base_url="http://tracker")
+    assert browser.post("/api/session", json={"token": "rct_nlp.wrong"}).status_code == 401
+    signed_in = browser.post("/api/session", json={"token": "rct_demo.d3m0"})
+    assert signed_in.status_code == 200 and signed_in.json() == {"team": "demo", "admin": False}
+    assert "httponly" in signed_in.headers["set-cookie"].lower()
+    assert "samesite=strict" in signed_in.headers["set-cookie"].lower()
+    assert browser.get(f"/api/runs/{TRAIN}").status_code == 200 and browser.get("/api/runs/inf").status_code == 404
+    browser.delete("/api/session")
+    assert browser.get(f"/api/runs/{TRAIN}").status_code == 401
+    print(f"tracker: {len(refused)} of {len(tried)} cross-team or tokenless reads refused")
 
 
 def test_unknown_runs_are_a_404_that_says_how_to_find_one(api: httpx.Client) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from runctl.bus import Bus
 from runctl.subjects import health_subject
-from tests.conftest import Services, wait_until
+from tests.conftest import Services, admin_headers, wait_until
 from tests.infra.postgres import new_database
 from tests.integration.test_tracker_api import recorded
 
@@ -45,7 +45,7 @@ def publish_recorded(services: Services, twice: bool = False, stream: str | None
 
 def stored(services: Services) -> int:
     try:
-        return int(httpx.get(f"{services.tracker_url}/healthz", timeout=2).json()["events"])
+        return int(httpx.get(f"{services.tracker_url}/healthz", headers=admin_headers(), timeout=2).json()["events"])
     except httpx.HTTPError:
         return -1
 
@@ -125,7 +125,7 @@ def health(services: Services, name: str) -> dict[str, Any]:
 
 def scrape(url: str) -> dict[str, float]:
     """Prometheus text → {series with labels: value}."""
-    response = httpx.get(url, timeout=5)
+    response = httpx.get(url, headers=admin_headers(), timeout=5)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     series = {}
     for line in response.text.splitlines():

@@ -23,8 +23,10 @@ from runctl.events import (
 )
 from runctl.sdk import submission_event
 from services.tracker.api import make_app
+from services.tracker.auth import TokenAuth
 from services.tracker.db import make_engine
 from services.tracker.projection import project
+from tests.conftest import ADMIN_TOKEN, admin_headers
 
 # Every event a test stores has a time fixed from T0 (submissions included, see ``submitted``), so the order of
 # events never depends on when a test runs.
@@ -53,7 +55,8 @@ class Client:
         self.app = app
 
     async def get(self, path: str, params: dict[str, object] | None = None) -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://tracker") as http:
+        transport = httpx.ASGITransport(app=self.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://tracker", headers=admin_headers()) as http:
             return await http.get(path, params=params)  # type: ignore[arg-type]
 
 
@@ -74,7 +77,7 @@ async def test_projection_is_idempotent_and_order_tolerant(tmp_path: Path) -> No
     assert len(store(engine, events[3:])) == 4  # arrives first: the run row is created from the envelope
     assert len(store(engine, late + events)) == 3  # repeats skipped, the late ones stored
     assert store(engine, events) == []
-    client = Client(make_app(engine))
+    client = Client(make_app(engine, auth=TokenAuth(ADMIN_TOKEN)))
     record = (await client.get(f"/api/runs/{run_id}", params={"events": "true"})).json()
     run = record["run"]
     assert run["state"] == "succeeded"  # the late config.submitted did not move it back
@@ -90,7 +93,7 @@ async def test_runs_are_listed_newest_first_and_filtered(tmp_path: Path) -> None
     second = submitted(TRAIN.replace("TEAM=nlp", "TEAM=vision")).model_copy(update={"time": T0 + timedelta(seconds=5)})
     store(engine, [first, second])
     store(engine, [ev(RunFailed(phase="ray", error_type="X", message="m. Fix: f", fix="f"), first.runid, 1)])
-    client = Client(make_app(engine))
+    client = Client(make_app(engine, auth=TokenAuth(ADMIN_TOKEN)))
     all_runs = (await client.get("/api/runs")).json()
     assert all_runs["total"] == 2
     assert (await client.get("/api/runs", params={"team": "vision"})).json()["runs"][0]["run_id"] == second.runid
@@ -103,7 +106,7 @@ async def test_runs_are_listed_newest_first_and_filtered(tmp_path: Path) -> None
 
 
 async def test_unknown_run_is_a_404_with_a_message(tmp_path: Path) -> None:
-    client = Client(make_app(make_engine(f"sqlite:///{tmp_path / 't.db'}")))
+    client = Client(make_app(make_engine(f"sqlite:///{tmp_path / 't.db'}"), auth=TokenAuth(ADMIN_TOKEN)))
     response = await client.get("/api/runs/nope")
     assert response.status_code == 404
     assert "nope" in response.json()["detail"]

@@ -75,6 +75,40 @@ export function withListParam(name, list, path = location.pathname) {
 // Path segments (run ids, task names) are user-chosen: always encode them.
 export const seg = (s) => encodeURIComponent(String(s));
 
+// The tracker needs a token. A link from `runctl dashboard --open` carries it in its #fragment
+// (which the browser never sends in a request): it is exchanged once for a cookie that lasts
+// this browser session, and taken out of the address bar. Without one, signIn() asks for it.
+async function startSession(token) {
+  const resp = await fetch("/api/session", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token }),
+  });
+  return resp.ok;
+}
+
+const ready = (async () => {
+  const found = /(?:^#|&)token=([^&]+)/.exec(location.hash);
+  if (!found) return;
+  history.replaceState(null, "", location.pathname + location.search);
+  await startSession(decodeURIComponent(found[1]));
+})();
+
+function signIn() {
+  if (document.getElementById("token-form")) return;
+  const input = el("input", { id: "token-input", type: "password", placeholder: "rct_team.… or the admin token",
+    autocomplete: "off", size: 48 });
+  const note = el("span", { class: "muted", id: "token-note",
+    text: "The tracker needs your team's token (RUNCTL_TOKEN, as `runctl team add` printed it)." });
+  const form = el("form", { id: "token-form", class: "card token-form" }, note, input,
+    el("button", { type: "submit", text: "Sign in" }));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    if (await startSession(input.value.trim())) location.reload();
+    else note.textContent = "That token is no team's and not the admin's: check it and try again.";
+  });
+  document.querySelector("main")?.prepend(form);
+  input.focus();
+}
+
 // GET JSON. Non-2xx shows the banner (with FastAPI's "detail" when present) and throws,
 // so callers can leave their section as it was instead of rendering garbage.
 export async function getJSON(path, params) {
@@ -82,10 +116,15 @@ export async function getJSON(path, params) {
   const key = path; // one banner line per endpoint, whatever the query
   let resp;
   try {
+    await ready;
     resp = await fetch(url, { headers: { Accept: "application/json" } });
   } catch (err) {
     showError(key, `Cannot reach the tracker: ${err.message}`, url);
     throw err;
+  }
+  if (resp.status === 401) {
+    signIn();
+    throw new Error(`401 ${url}`);
   }
   if (!resp.ok) {
     let detail = resp.statusText;
@@ -129,26 +168,31 @@ export function subscribe(runIds, onChange, wait = 300) {
     names = new Set();
     onChange(seen);
   }, wait);
-  const source = new EventSource(url);
-  source.addEventListener("persisted", (ev) => {
-    let data;
-    try { data = JSON.parse(ev.data); } catch { return; }
-    const runs = Array.isArray(data.runs) ? data.runs : [];
-    if (wanted && runs.length && !runs.some((r) => wanted.has(r))) return;
-    for (const n of data.names || []) names.add(n);
-    fire();
-  });
-  // EventSource reconnects by itself; after a reconnect we may have missed events, so
-  // refresh once when the connection comes back.
-  let wasDown = false;
-  const dot = document.getElementById("live");
-  source.addEventListener("error", () => { wasDown = true; dot?.classList.add("down"); });
-  source.addEventListener("open", () => {
-    dot?.classList.remove("down");
-    if (wasDown) { wasDown = false; fire(); }
-  });
-  window.addEventListener("pagehide", () => source.close());
-  return () => source.close();
+  // Opened once the session's token is in place: an EventSource refused (401) never retries.
+  let source = null;
+  const listen = () => {
+    source = new EventSource(url);
+    source.addEventListener("persisted", (ev) => {
+      let data;
+      try { data = JSON.parse(ev.data); } catch { return; }
+      const runs = Array.isArray(data.runs) ? data.runs : [];
+      if (wanted && runs.length && !runs.some((r) => wanted.has(r))) return;
+      for (const n of data.names || []) names.add(n);
+      fire();
+    });
+    // EventSource reconnects by itself; after a reconnect we may have missed events, so
+    // refresh once when the connection comes back.
+    let wasDown = false;
+    const dot = document.getElementById("live");
+    source.addEventListener("error", () => { wasDown = true; dot?.classList.add("down"); });
+    source.addEventListener("open", () => {
+      dot?.classList.remove("down");
+      if (wasDown) { wasDown = false; fire(); }
+    });
+  };
+  ready.then(listen);
+  window.addEventListener("pagehide", () => source?.close());
+  return () => source?.close();
 }
 
 // State → badge colour family; unknown states fall back to neutral.

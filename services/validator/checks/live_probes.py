@@ -41,12 +41,15 @@ def bus_reachable(ctx: Context) -> Verdict:
 def no_conflicting_run(ctx: Context) -> Verdict:
     import httpx
 
-    from runctl.sdk import tracker_url
+    from runctl.sdk import api_token, tracker_url
 
     c, url = ctx.config, tracker_url()
     params: dict[str, str | int] = {"team": c.team, "exp_name": c.exp_name, "limit": 500}
+    token = api_token()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        runs = httpx.get(f"{url}/api/runs", params=params, timeout=2.0).raise_for_status().json()["runs"]
+        reply = httpx.get(f"{url}/api/runs", params=params, headers=headers, timeout=2.0)
+        runs = reply.raise_for_status().json()["runs"]
     except (httpx.HTTPError, ValueError, KeyError) as e:
         return skip(f"the tracker at {url} does not answer ({type(e).__name__})")
     live = [r for r in runs if r.get("state") in LIVE_STATES and r.get("project_name") == c.project_name]
