@@ -17,7 +17,7 @@ from collections.abc import Callable
 from runctl.service import ServiceRuntime, run_service
 from runctl.tasks import Task
 from services.sandbox.backends.base import Backend, SandboxError
-from services.sandbox.service import DEFAULT_TEAM_CAP, SandboxService, team_caps
+from services.sandbox.service import DEFAULT_TEAM_CAP, SandboxService, scope_from_env, team_caps
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ async def main(runtime: ServiceRuntime) -> None:
         available_backends(names),
         caps=team_caps(os.environ.get("RUNCTL_SANDBOX_CAPS", "")),
         default_cap=int(os.environ.get("RUNCTL_SANDBOX_DEFAULT_CAP", DEFAULT_TEAM_CAP)),
-        scope=os.environ.get("RUNCTL_SANDBOX_SCOPE", "default"),
+        scope=scope_from_env(),
         warm=int(os.environ.get("RUNCTL_SANDBOX_WARM", "0")),
     )
     await service.start()

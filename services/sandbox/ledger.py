@@ -11,7 +11,9 @@ creating at once can therefore never both pass the cap, as counting sandboxes fi
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 import time
 from dataclasses import asdict, dataclass
 
@@ -22,6 +24,7 @@ from nats.js.kv import KeyValue
 from runctl.bus import Bus
 from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.subjects import kv_bucket
+from services.sandbox.backends.base import SandboxError
 
 BUCKET = kv_bucket("sandboxes")
 
@@ -120,3 +123,36 @@ class SandboxLedger:
 
     async def ended_runs(self) -> set[str]:
         return {key.removeprefix("run.") for key in await self._keys("run")}
+
+
+async def take_seat_within(
+    ledger: SandboxLedger, team: str, owner: str, cap: int, wait_s: float, freed: asyncio.Event | None = None
+) -> str:
+    """One of ``team``'s seats (its cap's worth, counted across every owner), waiting for one up to ``wait_s``
+    (woken early by ``freed`` when this process gives one back; others' are seen at the next try, each second).
+
+    Raises:
+        SandboxError: none came free in time (the message names the cap).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        seat = secrets.token_hex(8)
+        mine = await ledger.take_seat(team, seat, owner)
+        ahead = sum(1 for revision, *_ in await ledger.seats(team) if revision < mine)
+        if ahead < cap:
+            return seat
+        await ledger.release_seat(team, seat)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise SandboxError(
+                f"team {team} holds {ahead} sandboxes, its cap is {cap}: wait for some to end "
+                "(pass wait_s), or raise the cap (RUNCTL_SANDBOX_CAPS)."
+            )
+        if freed is None:
+            await asyncio.sleep(min(remaining, 1.0))
+            continue
+        freed.clear()
+        try:
+            await asyncio.wait_for(freed.wait(), min(remaining, 1.0))
+        except TimeoutError:
+            pass  # other owners free seats too: try again

@@ -84,7 +84,7 @@ def open_backend(
     if name == "local":
         from services.sandbox.backends.local_backend import LocalBackend
 
-        local = LocalBackend()
+        local = LocalBackend(cgroup_parent=os.environ.get("RUNCTL_SANDBOX_CGROUP", "runctl"))  # as the service's
         try:
             yield local, local.task_root
         finally:

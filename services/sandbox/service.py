@@ -53,7 +53,7 @@ from services.sandbox.backends.base import (
     SandboxSpec,
 )
 from services.sandbox.backends.files import extract_tar, tar_of
-from services.sandbox.ledger import LedgerEntry, SandboxLedger
+from services.sandbox.ledger import LedgerEntry, SandboxLedger, take_seat_within
 from services.sandbox.trial import TrialRunner, sandbox_spec
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,18 @@ def team_caps(text: str) -> dict[str, int]:
         team, _, cap = item.partition("=")
         caps[team.strip()] = int(cap)
     return caps
+
+
+def team_cap_from_env(team: str) -> int:
+    """The team's cap as the deployment sets it (``RUNCTL_SANDBOX_CAPS``, else ``RUNCTL_SANDBOX_DEFAULT_CAP``): the
+    service and the runners read the same settings."""
+    caps = team_caps(os.environ.get("RUNCTL_SANDBOX_CAPS", ""))
+    return caps.get(team, int(os.environ.get("RUNCTL_SANDBOX_DEFAULT_CAP", DEFAULT_TEAM_CAP)))
+
+
+def scope_from_env() -> str:
+    """The label that tells this deployment's sandboxes from another's (``RUNCTL_SANDBOX_SCOPE``)."""
+    return os.environ.get("RUNCTL_SANDBOX_SCOPE", "default")
 
 
 class LedgerBackend:
@@ -358,25 +370,7 @@ class SandboxService:
         at the same moment on several instances are ordered, so the cap holds across all of them)."""
         assert self.ledger is not None
         cap = self.caps.get(team, self.default_cap)
-        deadline = time.monotonic() + wait_s
-        while True:
-            seat = secrets.token_hex(8)
-            mine = await self.ledger.take_seat(team, seat, self.instance)
-            ahead = sum(1 for revision, *_ in await self.ledger.seats(team) if revision < mine)
-            if ahead < cap:
-                return seat
-            await self.ledger.release_seat(team, seat)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise SandboxError(
-                    f"team {team} holds {ahead} sandboxes, its cap is {cap}: wait for some to end "
-                    "(pass wait_s), or raise the cap (RUNCTL_SANDBOX_CAPS)."
-                )
-            self.slot_freed.clear()
-            try:
-                await asyncio.wait_for(self.slot_freed.wait(), min(remaining, 1.0))
-            except TimeoutError:
-                pass  # other instances free seats too: try again
+        return await take_seat_within(self.ledger, team, self.instance, cap, wait_s, self.slot_freed)
 
     async def _give_back(self, team: str, seat: str) -> None:
         assert self.ledger is not None

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -46,6 +47,15 @@ def scope(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
                 kill_cgroup(child)
                 child.rmdir()
             folder.rmdir()
+
+
+@pytest.fixture(params=["local", "docker"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The backend the sandbox service serves (and the runner opens), on the real Docker Engine for docker."""
+    if request.param == "docker":
+        monkeypatch.setenv("DOCKER_HOST", request.getfixturevalue("docker_host"))
+    monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", request.param)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -164,19 +174,9 @@ async def test_a_warm_sandbox_is_handed_out_and_the_pool_refills(
     assert not _owned("local", services, scope) and not await ledger.entries()
 
 
-@pytest.mark.parametrize("backend", ["local", "docker"])
 async def test_the_reaper_cleans_up_after_a_killed_service(
-    scope: str,
-    request: pytest.FixtureRequest,
-    services: Services,
-    client: SandboxClient,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    backend: str,
+    scope: str, services: Services, client: SandboxClient, tmp_path: Path, backend: str
 ) -> None:
-    if backend == "docker":
-        monkeypatch.setenv("DOCKER_HOST", request.getfixturevalue("docker_host"))
-    monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", backend)
     await asyncio.to_thread(services.start, "sandbox")
     task = slow_task(tmp_path)
     trials = [
@@ -210,6 +210,75 @@ async def test_the_reaper_cleans_up_after_a_killed_service(
     assert time.monotonic() - started < 30
     table = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
     assert not [line for line in table.splitlines() if str(services.home) in line and not line.lstrip().startswith("Z")]
+
+
+# A runner as the local engine is one: its backend opened in its own process and booked in the ledger (what
+# carry_in_process gives every submitted run), holding three sandboxes of team nlp's run r-killed, then waiting.
+RUNNER = """
+import asyncio, sys
+from pathlib import Path
+from runctl.bus import Bus
+from runctl.tasks import load_task
+from services.sandbox.booked import booked
+from services.sandbox.library import open_backend
+from services.sandbox.trial import sandbox_spec
+
+async def main(backend_name, task_dir, ready):
+    bus = await Bus.connect(None, as_team=False)
+    published = []
+
+    async def emit(payload, key):
+        published.append(key)
+
+    with open_backend(backend_name) as (backend, image_for):
+        async with booked(backend, bus, "nlp", "r-killed", emit) as sandboxes:
+            task = load_task(Path(task_dir))
+            labels = {"runctl.team": "nlp", "runctl.run": "r-killed"}
+            for i in range(3):
+                spec = sandbox_spec(task, image_for(task), {**labels, "runctl.trial": f"hello/{i}"})
+                await asyncio.to_thread(sandboxes.create, spec)
+            Path(ready).write_text(" ".join(published))
+            await asyncio.sleep(600)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_a_killed_runners_sandboxes_are_in_the_ledger_and_reaped_within_30_s(
+    scope: str, services: Services, client: SandboxClient, tmp_path: Path, backend: str
+) -> None:
+    await asyncio.to_thread(services.start, "sandbox")
+    ready = tmp_path / "ready"
+    with (tmp_path / "runner.log").open("wb") as log:
+        runner = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, backend, str(TASKS / "hello"), str(ready)],
+            env=services.env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    ledger = await SandboxLedger.open(client.bus)
+    try:
+        await async_wait_until(lambda: ready.exists() or runner.poll() is not None, 120, "the runner's sandboxes")
+        assert runner.poll() is None, (tmp_path / "runner.log").read_text()[-3000:]
+        entries = await ledger.entries()
+        assert len(_owned(backend, services, scope)) == 3 and len(entries) == 3
+        assert {(e.team, e.run_id, e.owner.startswith("runner-")) for e in entries.values()} == {
+            ("nlp", "r-killed", True)
+        }
+        assert len(await ledger.seats("nlp")) == 3  # counted against the team's cap with the service's own
+        assert ready.read_text().count(".created") == 3  # each announced as an event of the run
+        runner.kill()  # SIGKILL: no cleanup of its own
+        runner.wait(10)
+        killed = time.monotonic()
+        assert len(_owned(backend, services, scope)) == 3
+
+        async def reaped() -> bool:
+            return not _owned(backend, services, scope) and not await ledger.entries() and not await ledger.seats()
+
+        await async_wait_until(reaped, 30, "the reaper to remove the dead runner's sandboxes, entries and seats")
+        print(f"a SIGKILLed runner's sandboxes were reaped {time.monotonic() - killed:.1f} s after it died")
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(10)
 
 
 def _owned(backend: str, services: Services, scope: str) -> list[str]:

@@ -42,7 +42,7 @@ async def carry_in_process(
     async def save(state: dict[str, Any]) -> None:
         await books.record(run_id, LedgerEntry(team=team, state="active", progress=state))
 
-    ctx = RunContext(run_id, team, config, run_dir, emit, save, dict(progress), cancelled)
+    ctx = RunContext(run_id, team, config, run_dir, emit, save, dict(progress), cancelled, bus=books.bus)
     if pinned is not None:
         ctx.pinned_checkpoints = pinned
     attempts = max(1, int(progress.get("job_attempt", 1)))

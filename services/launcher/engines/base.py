@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runctl.config import RunConfig
 from runctl.events import PhaseStarted, TrialFinished
 from runctl.events.payloads import Payload, Phase
 from services.launcher.errors import RunCancelledError
+
+if TYPE_CHECKING:
+    from runctl.bus import Bus
+    from services.sandbox.backends.base import Backend
 
 
 @dataclass
@@ -49,6 +54,18 @@ class RunContext:
     """Secrets the config interpolated into other values (a foreground run has them): records show ``***``."""
     pinned_checkpoints: Callable[[], Awaitable[set[int]]] = field(default=lambda: _nothing_pinned())
     """The steps of this run's checkpoints whose eval run has not ended: MAX_CKPT_TO_KEEP never deletes them."""
+    bus: Bus | None = None
+    """The bus of a submitted run's runner (a foreground run has none): its sandboxes are booked in the sandbox
+    service's ledger through it (services.sandbox.booked)."""
+
+    async def sandboxes(self, stack: AsyncExitStack, backend: Backend) -> Backend:
+        """The backend the run's trials use: ``backend`` booked in the sandbox ledger for the rest of ``stack``
+        when the run has a bus, else ``backend`` itself."""
+        if self.bus is None:
+            return backend
+        from services.sandbox.booked import booked
+
+        return await stack.enter_async_context(booked(backend, self.bus, self.team, self.run_id, self.emit))
 
     async def emit(self, payload: Payload, key: str) -> None:
         """Publish an event of this run; ``key`` must be stable across restarts (``step.12``)."""

@@ -67,6 +67,7 @@ class LocalEngine:
             write_resolved_config(config, ctx.run_dir, ctx.secret_values)
             opened = open_backend(CONFIG_BACKENDS[config.backend], BackendSettings.of(config))
             backend, image_for = stack.enter_context(opened)
+            backend = await ctx.sandboxes(stack, backend)
             ctx.check_cancelled()
 
             await ctx.enter_phase("ray")
