@@ -429,6 +429,36 @@ def load_config(
     )
 
 
+def submitted_values(
+    run_type: RunType, resolved: Mapping[str, Mapping[str, Any]], environ: Mapping[str, str] | None = None
+) -> dict[str, str | None]:
+    """The values a submitted run is checked and carried with, on the server: the submitter's own keys (its run
+    file's and environment overrides', as it resolved them) over this cluster's ``site.env`` — the server's, never
+    the site layer the submitter had.
+
+    Args:
+        run_type: the run's type.
+        resolved: the submission's ``resolved`` rows (key → value and layer).
+        environ: the server's environment (``RUNCTL_SITE_ENV``, ``RUNCTL_HOME``); defaults to ``os.environ``.
+
+    Raises:
+        ConfigError: the server's site.env cannot be read or has problems.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, str | None] = {}
+    site = site_env_path(env)
+    if site is not None:
+        resolver = _Resolver(run_type, env, str(site))
+        resolver.apply(parse_env(_read(site, "site.env"), str(site)), "site")
+        if resolver.issues:
+            raise ConfigError(resolver.issues)
+        values = {key: s.value for key, s in resolver.settings.items() if s.layer == "site"}
+    for key, row in resolved.items():
+        if row.get("layer") in ("run", "env"):
+            values[key] = row.get("value")
+    return values
+
+
 def validate_settings(run_type: RunType, values: Mapping[str, str | None], source: str) -> RunConfig:
     """Validate already-resolved values (as carried by ``config.submitted``) against the run type's schema.
 

@@ -75,6 +75,7 @@ def test_a_runner_job_gets_only_the_settings_the_runner_reads(monkeypatch: pytes
         "RUNCTL_NATS_INBOX_PREFIX": "_INBOX_nlp",
         "RUNCTL_NATS_URL": "nats://runctl:pw@bus:4222",
         "RUNCTL_HOME": "/srv/runctl",
+        "RUNCTL_SANDBOX_CAPS": "nlp=4",  # the runner books its sandboxes against the team's cap
     }
 
 

@@ -46,6 +46,8 @@ def corpus_text(path: Path) -> tuple[str, str, str]:
 def _no_ambient_logger_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     from services.validator.rules import LOGGER_NEEDS
 
+    monkeypatch.setenv("RUNCTL_TEAM_PATHS", "/srv/teams/{team}")  # as a shared cluster's services are set
+
     for needs in LOGGER_NEEDS.values():
         for name in (*needs.any_of, *(needs.free_modes or ())[:1]):
             monkeypatch.delenv(name, raising=False)

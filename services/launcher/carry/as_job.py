@@ -31,6 +31,12 @@ RUNNER_ENV = (
     "RUNCTL_SITE_ENV",
     "RUNCTL_LOG_LEVEL",
     "RUNCTL_NODES_TIMEOUT_SEC",
+    "RUNCTL_TEAM_PATHS",  # the team's folders (the runner checks again just before launch)
+    # Its sandboxes are booked as the sandbox service's are: the same caps, scope and cgroup parent.
+    "RUNCTL_SANDBOX_CAPS",
+    "RUNCTL_SANDBOX_DEFAULT_CAP",
+    "RUNCTL_SANDBOX_SCOPE",
+    "RUNCTL_SANDBOX_CGROUP",
 )
 
 

@@ -14,7 +14,7 @@ import nats.errors
 import nats.js.errors
 
 from runctl.bus import Bus
-from runctl.config.loader import validate_settings
+from runctl.config.loader import submitted_values, validate_settings
 from runctl.config.models import RunConfig
 from runctl.errors import BusError, RunctlError
 from runctl.events import ConfigSubmitted, TrialFinished, new_event, parse_event
@@ -99,7 +99,7 @@ class Books:
         assert isinstance(submitted, ConfigSubmitted)
         if submitted.via == "foreground" and not foreground_too:
             raise ForegroundRun(f"run {run_id} is carried by `runctl run` in its own process", run_id=run_id)
-        values = {k: row.get("value") for k, row in submitted.resolved.items() if row.get("layer") != "default"}
+        values = submitted_values(submitted.run_type, submitted.resolved)  # over this cluster's site.env
         return submitted, validate_settings(submitted.run_type, values, source=run_id)
 
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from runctl.config import RunConfig
+from runctl.config import InferConfig, RunConfig
 from runctl.errors import RunctlError
 from runctl.events import RunCancelled, RunFailed, RunSucceeded
-from runctl.layout import run_folder
+from runctl.layout import claim_folder, run_folder
 from services.launcher.engines import RunContext, make_engine
 from services.launcher.errors import EngineError, RunCancelledError
 
@@ -49,6 +49,7 @@ async def carry_to_end(
     """
     try:
         await revalidate(ctx)
+        claim_folders(ctx)
         outcome = await make_engine(ctx.config.engine).run(ctx)
     except reraise:
         raise
@@ -71,6 +72,17 @@ async def carry_to_end(
     return RunSucceeded(
         summary=outcome.summary, score=outcome.score, synthetic=outcome.synthetic, num_trials=ctx.num_trials
     )
+
+
+def claim_folders(ctx: RunContext) -> None:
+    """Mark the run's folder (and an infer run's RESULTS_DIR) as this run's, refusing another run's.
+
+    Raises:
+        FolderTakenError: one of them is another run's.
+    """
+    claim_folder(ctx.run_dir, ctx.run_id, "OUTPUT_DIR")
+    if isinstance(ctx.config, InferConfig) and ctx.config.results_dir:
+        claim_folder(Path(ctx.config.results_dir), ctx.run_id, "RESULTS_DIR")
 
 
 def failed(phase: str, error: RunctlError, num_trials: int = 0, attempts: int = 1) -> RunFailed:

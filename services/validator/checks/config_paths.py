@@ -216,6 +216,31 @@ def output_writable(ctx: Context) -> Verdict:
     return ok(f"OUTPUT_DIR {target} is writable")
 
 
+def written_paths(config: RunConfig) -> dict[str, str | None]:
+    """Key → path of every folder or file a run writes (beside its default run folder)."""
+    written: dict[str, str | None] = {"OUTPUT_DIR": config.output_dir}
+    if isinstance(config, InferConfig):
+        written |= {"RESULTS_DIR": config.results_dir, "OUTPUT_INDEX": config.output_index}
+    return written
+
+
+@check("paths.team_area", PATHS, "a run that writes into, or deletes, another team's folders on shared storage")
+def team_area(ctx: Context) -> Verdict:
+    from runctl.layout import outside_team_areas, team_areas
+
+    team = ctx.config.team
+    areas = team_areas(team)
+    if areas is None:
+        return skip("this cluster confines no team to its own folders (RUNCTL_TEAM_PATHS unset)")
+    outside = outside_team_areas(team, written_paths(ctx.config))
+    if outside:
+        return fatal(
+            f"{', '.join(outside)}: outside team {team}'s folders on this cluster ({', '.join(map(str, areas))}).",
+            "give absolute paths under one of them, or leave the keys unset (the run folder goes under the last).",
+        )
+    return ok(f"every folder the run writes is under team {team}'s")
+
+
 @check(
     "model.tool_parser",
     MODEL,

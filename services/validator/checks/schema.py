@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runctl.config.loader import validate_settings
+from runctl.config.loader import submitted_values, validate_settings
 from runctl.config.models import RunConfig
 from runctl.errors import ConfigError
 from runctl.events.checks import CheckResult
@@ -21,8 +21,8 @@ def schema_checks(submitted: ConfigSubmitted, run_id: str) -> tuple[list[CheckRe
     Returns:
         One fatal result per problem (and no config), or a single ok result and the validated config.
     """
-    values = {key: row.get("value") for key, row in submitted.resolved.items() if row.get("layer") != "default"}
     try:
+        values = submitted_values(submitted.run_type, submitted.resolved)  # over this cluster's site.env
         config = validate_settings(submitted.run_type, values, source=run_id)
     except ConfigError as e:
         return issue_results(e), None
