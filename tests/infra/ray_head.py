@@ -46,8 +46,12 @@ class RayHead:
 
 
 def alive_nodes(dashboard_url: str) -> int:
+    # A head started from a process that holds a Ray token (a local head runctl started earlier in this process
+    # keeps its token, as Ray does) runs with token authentication: its dashboard wants the token too.
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        reply = httpx.get(f"{dashboard_url}/api/v0/nodes", timeout=2).json()
+        reply = httpx.get(f"{dashboard_url}/api/v0/nodes", headers=headers, timeout=2).json()
         return sum(n["state"] == "ALIVE" for n in reply["data"]["result"]["result"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return 0

@@ -4,6 +4,8 @@ skipped, with the reason, when what it asks cannot be reached. (The sandbox prob
 
 from __future__ import annotations
 
+import os
+
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
 
 SERVICES = 9
@@ -113,8 +115,10 @@ def ray_cluster(ctx: Context) -> Verdict:
     if not c.ray_address:
         return skip("RAY_ADDRESS unset: the runner starts a local Ray head (services.ray_ports checks its ports)")
     url = ray_dashboard_url(c.ray_address)
+    token = os.environ.get("RAY_AUTH_TOKEN")  # a cluster with token authentication wants it from the dashboard too
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        reply = httpx.get(f"{url}/api/v0/nodes", params={"limit": 10000}, timeout=PROBE_TIMEOUT_S)
+        reply = httpx.get(f"{url}/api/v0/nodes", params={"limit": 10000}, headers=headers, timeout=PROBE_TIMEOUT_S)
         nodes = reply.raise_for_status().json()["data"]["result"]["result"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         return skip(f"the Ray dashboard at {url} does not answer ({type(e).__name__}: {e})")
