@@ -240,24 +240,25 @@ async def _pause_once_generating(http: httpx.AsyncClient, url: str, answer: asyn
     first is paused after: the caller tries again)."""
 
     async def ready() -> bool:
-        return answer.done() or await _generating(url)
+        return answer.done() or await _generating(http, url)
 
     await async_wait_until(ready, 120, "vLLM generating the answer")
     assert (await http.post(url + "/pause", params={"mode": "abort"})).status_code == 200
 
 
-async def _generating(url: str) -> bool:
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(url + "/metrics")).text
+async def _generating(http: httpx.AsyncClient, url: str) -> bool:
+    text = (await http.get(url + "/metrics")).text  # the test's client: no new connection per look
     running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
     return any(float(line.rsplit(" ", 1)[1]) >= 1 for line in running)
 
 
-#: A long answer of a known length, so a pause lands while vLLM generates it.
+#: A long answer of a known length (as long as the replica's 1024-token context allows), so a pause lands while
+#: vLLM generates it even on a loaded host.
+LONG_TOKENS = 960
 LONG_ANSWER = {
     "model": SERVED_NAME,
     "messages": [{"role": "user", "content": "count"}],
-    "max_tokens": 600,
+    "max_tokens": LONG_TOKENS,
     "ignore_eos": True,
     "temperature": 0,
 }
@@ -302,7 +303,7 @@ async def test_an_answer_cut_short_by_a_pause_for_weights_is_sent_again_and_reco
         (turn,) = trajectory["turns"]
         assert turn["choices"][0]["finish_reason"] == "length"
         choice = turn["choices"][0]
-        assert len(choice["completion_token_ids"]) == 600 == len(choice["completion_logprobs"])
+        assert len(choice["completion_token_ids"]) == LONG_TOKENS == len(choice["completion_logprobs"])
         assert server.m_resent.values == {("resent",): 1.0}
 
 
