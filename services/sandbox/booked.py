@@ -15,10 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import re
-import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -29,7 +25,7 @@ from runctl.events import SandboxCreated, SandboxDestroyed
 from runctl.events.payloads import Payload
 from services.sandbox.backends.base import OWNER_LABEL, Backend, OwnedSandbox, Sandbox, SandboxSpec
 from services.sandbox.ledger import LedgerEntry, SandboxLedger, take_seat_within
-from services.sandbox.service import HEARTBEAT_S, SCOPE_LABEL, scope_from_env, team_cap_from_env
+from services.sandbox.service import HEARTBEAT_S, SCOPE_LABEL, instance_name, scope_from_env, team_cap_from_env
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +34,8 @@ SEAT_WAIT_S = 600.0
 
 
 def runner_owner() -> str:
-    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:24]
-    return f"runner-{host}-{os.getpid()}-{secrets.token_hex(2)}"
+    """An owner name as a service instance's, marked as a runner's."""
+    return f"runner-{instance_name()}"
 
 
 class BookedBackend:
