@@ -45,6 +45,11 @@ def tracker_url(explicit: str | None = None) -> str:
     return state.tracker_url if state is not None else DEFAULT_TRACKER_URL
 
 
+def bearer(token: str | None) -> dict[str, str]:
+    """The HTTP header that carries ``token`` (none when there is no token)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def api_token() -> str | None:
     """The token the tracker API is asked with: the team's (``RUNCTL_TOKEN``, or the credentials file), else the
     admin's (``RUNCTL_ADMIN_TOKEN``, else the embedded stack's ``$RUNCTL_HOME/admin-token``)."""
@@ -283,8 +288,7 @@ class RunctlClient:
     async def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         import httpx  # local: the CLI's light commands never pay for it
 
-        token = api_token()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer(api_token())
         try:
             async with httpx.AsyncClient(base_url=self.tracker, timeout=10, headers=headers) as http:
                 response = await http.get(path, params={k: v for k, v in (params or {}).items() if v is not None})

@@ -43,14 +43,12 @@ def bus_reachable(ctx: Context) -> Verdict:
 def no_conflicting_run(ctx: Context) -> Verdict:
     import httpx
 
-    from runctl.sdk import api_token, tracker_url
+    from runctl.sdk import api_token, bearer, tracker_url
 
     c, url = ctx.config, tracker_url()
     params: dict[str, str | int] = {"team": c.team, "exp_name": c.exp_name, "limit": 500}
-    token = api_token()
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        reply = httpx.get(f"{url}/api/runs", params=params, headers=headers, timeout=2.0)
+        reply = httpx.get(f"{url}/api/runs", params=params, headers=bearer(api_token()), timeout=2.0)
         runs = reply.raise_for_status().json()["runs"]
     except (httpx.HTTPError, ValueError, KeyError) as e:
         return skip(f"the tracker at {url} does not answer ({type(e).__name__})")
@@ -115,8 +113,9 @@ def ray_cluster(ctx: Context) -> Verdict:
     if not c.ray_address:
         return skip("RAY_ADDRESS unset: the runner starts a local Ray head (services.ray_ports checks its ports)")
     url = ray_dashboard_url(c.ray_address)
-    token = os.environ.get("RAY_AUTH_TOKEN")  # a cluster with token authentication wants it from the dashboard too
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    from runctl.sdk import bearer
+
+    headers = bearer(os.environ.get("RAY_AUTH_TOKEN"))  # a token-authenticated cluster's dashboard wants it too
     try:
         reply = httpx.get(f"{url}/api/v0/nodes", params={"limit": 10000}, headers=headers, timeout=PROBE_TIMEOUT_S)
         nodes = reply.raise_for_status().json()["data"]["result"]["result"]
