@@ -17,12 +17,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from runctl import loopback
+from runctl import loopback, stackbus
 from runctl.errors import BusUnreachableError, StackError
 from runctl.home import (
     STATE_FILE,
@@ -35,6 +37,7 @@ from runctl.home import (
     read_stack_state,
     stop_group,
 )
+from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser
 
 SERVICES: tuple[str, ...] = ("validator", "launcher", "tracker", "proxy", "sandbox")
 DEFAULT_NATS_PORT = 4222
@@ -145,10 +148,16 @@ class Supervisor:
         self.stopping = False
         logs = base / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        store = base / "jetstream"
-        store.mkdir(parents=True, exist_ok=True)
-        nats_argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(nats_port), "-js", "-sd", str(store)]
+        (base / "jetstream").mkdir(parents=True, exist_ok=True)
+        # The bus is secured from its first start: the users of the last configuration the stack ran with (the
+        # registry's teams are brought back in step as soon as the bus is up), never an open server.
+        logins = stackbus.stack_logins(base, create=True)
+        assert logins is not None
+        stackbus.write_config(base, nats_port, logins, stackbus.config_teams(base))
+        self.services_login = logins[SERVICES_USER]
+        nats_argv = [nats_server_binary(), "-c", str(base / stackbus.CONFIG_FILE)]
         self.nats = Child("nats-server", nats_argv, logs / "nats-server.log")
+        self.team_sync = TeamSync(base, nats_port, self.services_login.url(self.nats_url), self._reload_nats)
         self.services = [
             Child(name, [sys.executable, "-m", f"services.{name}"], logs / f"{name}.log") for name in SERVICES
         ]
@@ -159,7 +168,7 @@ class Supervisor:
         self.env = {
             **os.environ,
             "RUNCTL_HOME": str(base),
-            "RUNCTL_NATS_URL": self.nats_url,
+            "RUNCTL_NATS_URL": self.services_login.url(self.nats_url),
             "RUNCTL_TRACKER_PORT": str(tracker_port),
             "RUNCTL_TRACKER_URL": self.tracker_url,
             "PYTHONUNBUFFERED": "1",
@@ -167,7 +176,28 @@ class Supervisor:
 
     @property
     def nats_url(self) -> str:
+        """The bus's address, without a login (what ``stack.json`` records)."""
         return f"nats://127.0.0.1:{self.nats_port}"
+
+    def _reload_nats(self) -> bool:
+        """Reload nats-server's configuration; True once its log says it did (within 10 s)."""
+        proc = self.nats.proc
+        if proc is None or proc.poll() is not None:
+            return False  # restarting: it reads the file when it starts
+        seen = self.nats.log_path.stat().st_size
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with self.nats.log_path.open("rb") as log:
+                log.seek(seen)
+                text = log.read().decode(errors="replace")
+            if "Reloaded server configuration" in text:
+                return True
+            if "Failed to reload" in text:
+                print(f"nats-server refused its new configuration: {text.strip()[-400:]}", flush=True)
+                return False
+            time.sleep(0.02)
+        return False
 
     @property
     def tracker_url(self) -> str:
@@ -213,6 +243,7 @@ class Supervisor:
             return 1
         for child in self.services:
             child.start(self.env)
+        self.team_sync.start()
         self.write_state()
         while not self.stopping:
             if self._tend():
@@ -249,6 +280,7 @@ class Supervisor:
 
     def shutdown(self) -> None:
         """Services first (they drain to the bus), then the bus."""
+        self.team_sync.stopping.set()
         for child in self.services:
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
@@ -258,6 +290,58 @@ class Supervisor:
             relay.stop(STOP_GRACE_S)
         self.nats.stop(STOP_GRACE_S)
         (self.base / STATE_FILE).unlink(missing_ok=True)
+
+
+class TeamSync(threading.Thread):
+    """Keeps the embedded bus's users in step with the team registry (:mod:`runctl.stackbus`): polls the registry's
+    sequence, and when it moved, rewrites ``nats.conf`` if the teams' users changed, reloads nats-server (and waits
+    for its log to say so), and only then records the sequence as applied."""
+
+    POLL_S = 0.25
+
+    def __init__(self, base: Path, port: int, url: str, reload: Callable[[], bool]) -> None:
+        super().__init__(name="team-sync", daemon=True)
+        self.base, self.port, self.url, self.reload = base, port, url, reload
+        self.stopping = threading.Event()
+        self.applied = -1
+        self.unloaded = False  # a configuration written that nats-server has not taken yet
+
+    def run(self) -> None:
+        asyncio.run(self._loop())
+
+    async def _loop(self) -> None:
+        from runctl.bus.client import Bus
+        from runctl.teams import TeamRegistry
+
+        while not self.stopping.is_set():
+            try:
+                bus = await Bus.connect(self.url, name="runctl-team-sync", reconnect=True, as_team=False)
+                try:
+                    registry = TeamRegistry(bus)
+                    while not self.stopping.is_set():
+                        await self.sync(registry)
+                        await asyncio.sleep(self.POLL_S)
+                finally:
+                    await bus.close()
+            except Exception as e:  # the bus restarting, or not up yet: try again shortly, never give up
+                print(f"team sync: {type(e).__name__}: {e}; retrying", flush=True)
+                await asyncio.sleep(1.0)
+
+    async def sync(self, registry: Any) -> None:
+        seq = await registry.sequence()
+        if seq == self.applied:
+            return
+        teams = [NatsUser(t.name, t.nats_bcrypt) for t in await registry.all()]
+        if self.unloaded or sorted(teams, key=lambda t: t.name) != stackbus.config_teams(self.base):
+            logins = stackbus.stack_logins(self.base)
+            assert logins is not None  # made before the bus started
+            stackbus.write_config(self.base, self.port, logins, teams)
+            self.unloaded = not await asyncio.to_thread(self.reload)
+            if self.unloaded:
+                return  # tried again on the next round
+            print(f"bus users: services, admin and {len(teams)} team(s); nats-server reloaded", flush=True)
+        stackbus.mark_applied(self.base, seq)
+        self.applied = seq
 
 
 def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0) -> StackState:
@@ -304,8 +388,10 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
         if proc.poll() is not None:
             raise StackError(f"the stack supervisor exited with {proc.returncode}:\n{_tail(log_path)}")
         state = read_stack_state(base)
-        if state is not None and state.supervisor.pid == proc.pid:
-            health = asyncio.run(probe(state.nats_url, state.children, timeout_s=1.0))
+        logins = stackbus.stack_logins(base)
+        if state is not None and state.supervisor.pid == proc.pid and logins is not None:
+            admin_url = logins[ADMIN_USER].url(state.nats_url)
+            health = asyncio.run(probe(admin_url, state.children, timeout_s=1.0))
             if all(h.get("ok") and h.get("ready", True) for h in health.values()):
                 return state
         time.sleep(0.2)
@@ -364,7 +450,7 @@ async def probe(
     result: dict[str, dict[str, Any]] = {}
     nats_record = records.get("nats-server")
     try:
-        bus = await Bus.connect(nats_url, name="runctl-status")
+        bus = await Bus.connect(nats_url, name="runctl-status", as_team=False)  # health is the admin's to ask
     except BusUnreachableError as e:
         result["nats-server"] = {"ok": False, "pid": nats_record.pid if nats_record else None, "detail": e.message}
         for name in SERVICES:

@@ -121,6 +121,15 @@ class TeamRegistry:
             self._kv = await open_bucket(self.bus.js, BUCKET)
         return self._kv
 
+    async def sequence(self) -> int:
+        """The registry's last change, as its stream's sequence (0 before the first): it moves on every add, set,
+        rotate and remove."""
+        try:
+            info = await self.bus.js.stream_info(f"KV_{BUCKET}")
+        except nats.js.errors.NotFoundError:
+            return 0
+        return int(info.state.last_seq)
+
     async def get(self, name: str) -> Team | None:
         kv = await self._bucket()
         try:

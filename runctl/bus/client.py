@@ -55,8 +55,8 @@ def nats_url(explicit: str | None = None) -> str:
 
 def credentials() -> tuple[str, str] | None:
     """(team, token) from ``$RUNCTL_TOKEN``, else from the credentials file (``$RUNCTL_CREDENTIALS``, else
-    ``$RUNCTL_HOME/credentials``; a line ``RUNCTL_TOKEN=...``); None when neither gives one (the embedded stack's
-    open bus, or a service's URL with its own user).
+    ``$RUNCTL_HOME/credentials``; a line ``RUNCTL_TOKEN=...``); None when neither gives one (the admin of the
+    embedded stack, or a service's URL with its own user).
 
     Raises:
         BusError: the token given is not a runctl team token.
@@ -261,7 +261,9 @@ class Bus:
             name: client name shown in the server's connection list.
             reconnect: keep reconnecting forever after a lost connection (services); a CLI fails fast.
             as_team: log in with the team token of :func:`credentials` when there is one and the URL names no user
-                (the CLI and SDK); services and runners pass False, as they never act as a team.
+                (the CLI and SDK); services and runners pass False, as they never act as a team. Without a team
+                login or a user in the URL, the embedded stack's bus is logged in to as its admin when this account
+                started it (:func:`runctl.stackbus.admin_login`).
 
         Raises:
             BusUnreachableError: no server answered.
@@ -274,7 +276,8 @@ class Bus:
             if reconnect:
                 log.warning("nats: %s", error)
 
-        login = credentials() if as_team and "@" not in target.partition("://")[2] else None
+        named = "@" in target.partition("://")[2]
+        login = credentials() if as_team and not named else None
         who: dict[str, Any] = {}
         inbox = os.environ.get("RUNCTL_NATS_INBOX_PREFIX", "_INBOX")
         if login is not None:
@@ -282,6 +285,12 @@ class Bus:
 
             who = {"user": login[0], "password": login[1]}
             inbox = os.environ.get("RUNCTL_NATS_INBOX_PREFIX") or inbox_prefix(login[0])
+        elif not named:
+            from runctl.stackbus import admin_login
+
+            admin = admin_login(target)  # the embedded stack's bus, asked by whoever started it
+            if admin is not None:
+                who = {"user": admin.user, "password": admin.password}
         nc = NATS()
         try:
             await nc.connect(

@@ -645,10 +645,16 @@ TeamArg = Annotated[str, typer.Argument(help="The team's name.", show_default=Fa
 
 
 async def _registry_call(work: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
+    """``work`` on the team registry; on the embedded stack, returns once its bus has taken the change."""
+    from runctl.stackbus import wait_applied
     from runctl.teams import TeamRegistry
 
     async with _client() as client:
-        return await work(TeamRegistry(await client.bus()))
+        bus = await client.bus()
+        registry = TeamRegistry(bus)
+        result = await work(registry)
+        await wait_applied(bus.url, await registry.sequence())
+        return result
 
 
 def _print_token(name: str, token: str, what: str) -> None:

@@ -48,6 +48,16 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path / "home", env)
 
 
+def admin_bus_url(home: Path) -> str:
+    """The embedded stack's bus with its admin's login (what the CLI of the stack's owner logs in with)."""
+    from runctl.natsauth import ADMIN_USER
+    from runctl.stackbus import stack_logins
+
+    state, logins = read_stack_state(home), stack_logins(home)
+    assert state is not None and logins is not None
+    return logins[ADMIN_USER].url(state.nats_url)
+
+
 @pytest.fixture
 def stack(cli: Cli) -> Iterator[Cli]:
     nats_port, tracker_port = free_port(), free_port()

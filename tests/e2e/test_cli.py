@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runctl.home import is_same_process, read_stack_state
 from tests.conftest import ROOT, Services, free_port, wait_until
-from tests.e2e.conftest import PREVIEW, RUNCTL, Cli
+from tests.e2e.conftest import PREVIEW, RUNCTL, Cli, admin_bus_url
 
 
 def test_help_answers_without_importing_anything_heavy() -> None:
@@ -96,11 +96,8 @@ def _stream_messages(home: Path, stream: str) -> int:
 
     from runctl.bus import Bus
 
-    state = read_stack_state(home)
-    assert state is not None
-
     async def count() -> int:
-        bus = await Bus.connect(state.nats_url)
+        bus = await Bus.connect(admin_bus_url(home))
         try:
             return int((await bus.js.stream_info(stream)).state.messages)
         finally:

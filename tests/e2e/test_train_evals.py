@@ -20,7 +20,7 @@ from runctl.events.payloads import RUNS_STREAM
 from runctl.home import read_stack_state
 from services.launcher.evals import eval_run_id
 from tests.conftest import ROOT, admin_headers, wait_until
-from tests.e2e.conftest import Cli
+from tests.e2e.conftest import Cli, admin_bus_url
 from tests.integration.test_runner import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -100,7 +100,7 @@ def test_the_eval_runs_of_a_cancelled_train_run_finish_once_each_and_name_their_
     again = new_event(
         CheckpointSaved(**first), team="demo", run_id=run_id, source="/test", event_id=f"{run_id}.checkpoint.2.again"
     )
-    asyncio.run(republish_and_drain(state.nats_url, again))
+    asyncio.run(republish_and_drain(admin_bus_url(stack.home), again))
     assert len(events_named(stack, eval_run_id(run_id, 2), "config.submitted")) == 1
     requested = [e["data"]["checkpoint_step"] for e in events_named(stack, run_id, "eval.requested")]
     assert sorted(requested) == steps
