@@ -4,6 +4,7 @@ real processes (stopped by PID)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -58,6 +59,47 @@ def _isolated_runctl_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def sandbox_cgroups() -> set[Path]:
+    """The cgroup folders of local sandboxes that exist now, under every parent runctl or a test names ``runctl*``
+    (none where this process may not make cgroups)."""
+    parents = [p for c in ("cpu", "memory", "pids") for p in Path("/sys/fs/cgroup", c).glob("runctl*") if p.is_dir()]
+    return {group for parent in parents for group in parent.iterdir() if group.is_dir()}
+
+
+def sweep_local_sandboxes(home: Path) -> list[str]:
+    """Destroy the local sandboxes runs left under ``home`` (a runner stopped with no sandbox service to reap after
+    it), cgroups included; their ids."""
+    root = home / "sandboxes"
+    if not root.is_dir():
+        return []
+    from services.sandbox.backends.local_backend import LocalBackend
+
+    backend = LocalBackend(root=root)
+    left = backend.list_owned()
+    for owned in left:
+        backend.destroy_owned(owned)
+    return [owned.sandbox_id for owned in left]
+
+
+@pytest.fixture(autouse=True)
+def _leaves_no_sandbox_cgroups() -> Iterator[None]:
+    """A test that leaves a local sandbox's cgroup behind fails (and the cgroup is removed): every test cleans up
+    what its runs made, or its runs clean up after themselves."""
+    before = sandbox_cgroups()
+    yield
+    deadline = time.monotonic() + 10
+    while (left := sandbox_cgroups() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        from services.sandbox.backends.local_backend import kill_cgroup
+
+        for group in left:
+            kill_cgroup(group)
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        pytest.fail(f"the test left sandbox cgroups behind: {sorted(g.name for g in left)}")
 
 
 def free_port() -> int:
@@ -227,6 +269,7 @@ class Services:
     def stop_all(self) -> None:
         for name in list(self.procs):
             self.stop(name)
+        sweep_local_sandboxes(self.home)  # no sandbox service ran here to reap after a runner it stopped
 
 
 @pytest.fixture

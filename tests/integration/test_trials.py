@@ -6,6 +6,7 @@ solution, an agent timeout, a planted reward, a memory hog, a fork bomb, a netwo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from runctl.tasks import load_task
 from services.sandbox.agents import make_agent
 from services.sandbox.backends.docker_backend import DockerBackend
 from services.sandbox.backends.local_backend import LocalBackend
+from services.sandbox.errors import SandboxError
 from services.sandbox.trial import RewardError, TrialRunner, parse_reward
 from tests.conftest import ROOT
 
@@ -96,6 +98,30 @@ def test_no_bomb_or_planter_outlives_its_trial_on_the_local_backend(local_runner
     table = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
     live = [line for line in table.splitlines() if not line.lstrip().startswith("Z")]  # zombies await init
     assert not [line for line in live if root in line or "/solution/solve.sh" in line]
+
+
+def test_a_cgroup_the_kernel_still_holds_keeps_its_sandbox_listed_until_a_destroy_removes_it(
+    local_runner: TrialRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.sandbox.backends import local_backend
+    from services.sandbox.backends.base import SandboxSpec
+
+    backend = local_runner.backend
+    assert isinstance(backend, LocalBackend)
+    sandbox = backend.create(SandboxSpec(sandbox_id="held-1", image="/", labels={"runctl.owner": "test-trials"}))
+    groups = [Path(g) for g in json.loads((Path(sandbox.handle) / "meta.json").read_text())["cgroups"]]
+    if not groups:
+        backend.destroy(sandbox)
+        pytest.skip("this process may not make cgroups")
+    with monkeypatch.context() as m:
+        m.setattr(local_backend, "remove_cgroup", lambda group, timeout_s=5.0: False)  # the kernel says EBUSY
+        with pytest.raises(SandboxError, match="still holds the cgroups"):
+            backend.destroy(sandbox)
+    (listed,) = backend.list_owned({"runctl.owner": "test-trials"})  # its record stays: nothing is forgotten
+    assert all(g.is_dir() for g in groups)
+    backend.destroy_owned(listed)
+    assert backend.list_owned() == [] and not Path(sandbox.handle).exists()
+    assert not any(g.exists() for g in groups)
 
 
 def test_an_image_that_cannot_be_built_is_an_environment_failure(docker_runner: TrialRunner, tmp_path: Path) -> None:

@@ -165,9 +165,13 @@ class LocalBackend:
             "created": time.time(),
         }
         (folder / "meta.json").write_text(json.dumps(meta, indent=2))
-        for copy in plan.get("copies", []):
-            for source in copy["sources"]:
-                self._place(folder, meta, Path(source), str(PurePosixPath(workdir) / copy["target"]))
+        try:
+            for copy in plan.get("copies", []):
+                for source in copy["sources"]:
+                    self._place(folder, meta, Path(source), str(PurePosixPath(workdir) / copy["target"]))
+        except BaseException:
+            self._remove(folder)  # the caller never gets a handle to destroy it with
+            raise
         return Sandbox(spec.sandbox_id, self.name, str(folder), spec)
 
     def _make_cgroups(self, spec: SandboxSpec) -> list[str]:
@@ -200,14 +204,23 @@ class LocalBackend:
         self._remove(Path(sandbox.handle))
 
     def _remove(self, folder: Path) -> None:
+        """Kill the sandbox's processes, remove its cgroups, then its folder. A cgroup the kernel still holds keeps
+        the folder's ``meta.json``, so the sandbox stays listed and the next destroy (or the reaper) tries again:
+        a cgroup is never left without a record of it."""
         meta = _read_meta(folder)
-        for group in meta.get("cgroups", []) if meta else []:
-            kill_cgroup(Path(group))
-            try:
-                Path(group).rmdir()
-            except OSError:
-                pass
-        shutil.rmtree(folder, ignore_errors=True)
+        stuck = [group for group in (meta.get("cgroups", []) if meta else []) if not remove_cgroup(Path(group))]
+        if not stuck:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        for entry in folder.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name != "meta.json":
+                entry.unlink(missing_ok=True)
+        raise SandboxError(
+            f"the kernel still holds the cgroups {', '.join(stuck)} of sandbox {folder.name}; its record stays in "
+            f"{folder} so that the next destroy or the reaper removes them."
+        )
 
     def list_owned(self, labels: dict[str, str] | None = None) -> list[OwnedSandbox]:
         found = []
@@ -508,6 +521,23 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def remove_cgroup(group: Path, timeout_s: float = 5.0) -> bool:
+    """Kill the cgroup's processes and remove it; True once it is gone. The kernel refuses the removal (EBUSY) for a
+    moment after the last process died, so it is retried until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        kill_cgroup(group)
+        try:
+            group.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
 
 def kill_cgroup(group: Path) -> None:
