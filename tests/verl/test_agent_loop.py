@@ -19,6 +19,7 @@ from runctl.tasks import load_index
 from services.launcher.engines.verl.host import TrialHost
 from services.launcher.engines.verl.outbox import OutboxReader
 from services.launcher.engines.verl.prepare import prepare
+from tests.conftest import NatsServer
 from tests.infra.fake_vllm import FakeVLLM
 from tests.verl.conftest import EXAMPLE_TASKS, composed, verl_train_config
 
@@ -139,3 +140,50 @@ async def test_the_loop_finds_verls_servers_as_their_ray_actors(
     assert out.non_tensor_batch["runctl_trial"][0].endswith("say-yes/0")
     # The weight versions the trajectory spans, read from verl's servers (its fully async trainer counts them).
     assert out.non_tensor_batch["min_global_steps"][0] == 4 == out.non_tensor_batch["max_global_steps"][0]
+
+
+async def test_a_workers_sandboxes_are_booked_in_the_ledger_with_the_bus_the_runner_hands_it(
+    tmp_path: Path, upstream: FakeVLLM, nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from runctl.bus import Bus
+    from runctl.events.payloads import TRIALS_STREAM
+    from runctl.verl import verl_overrides
+    from services.launcher.engines.verl.engine import worker_env_overrides
+    from services.sandbox.ledger import SandboxLedger
+    from services.validator.checks.verl_schema import verl_config_dir
+
+    config = verl_train_config(TRAIN_BSZ=1, TRAIN_MINI_BSZ=1, N_RESP=1)
+    (task,) = [t for t in load_index(EXAMPLE_TASKS).load_tasks()[0] if t.id.endswith("say-yes")]
+    run_dir = tmp_path / "run"
+    prepare(config, run_dir, [task], [], run_id="r-verl")
+    # The runner names the bus in verl's config; verl puts it in its workers' runtime environment.
+    runner_env = {"RUNCTL_NATS_URL": nats_server.url, "RUNCTL_HOME": str(tmp_path / "home"), "PATH": "/bin"}
+    monkeypatch.setenv("RUNCTL_NATS_URL", nats_server.url)
+    monkeypatch.setenv("RUNCTL_HOME", str(tmp_path / "home"))
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        overrides = verl_overrides(config, str(run_dir)) + worker_env_overrides(runner_env)
+        verl_config = compose("ppo_trainer", overrides=overrides)
+    workers_env = OmegaConf.to_container(verl_config.ray_kwargs.ray_init.runtime_env.env_vars, resolve=True)
+    assert workers_env["RUNCTL_NATS_URL"] == nats_server.url and "PATH" not in workers_env  # type: ignore[index]
+    assert not any(nats_server.url in o for o in overrides)  # named, not written, on the command line
+
+    bus = await Bus.connect(nats_server.url)
+    try:
+        await bus.ensure_streams()
+        ledger = await SandboxLedger.open(bus)
+        host = await TrialHost.get(run_dir, [upstream.url])
+        (owner,) = [o for o in await ledger.live_owners(60) if o.startswith("runner-")]  # the worker heart-beats
+        outcome = await host.run_trial(str(task.path))
+        assert outcome.record["reward"] == 1.0
+        await TrialHost.close_all()
+        assert owner not in await ledger.live_owners(60) and await ledger.entries() == {}
+        info = await bus.js.stream_info(TRIALS_STREAM, subjects_filter="runctl.default.r-verl.>")
+        assert info.state.subjects == {
+            "runctl.default.r-verl.sandbox.created": 1,
+            "runctl.default.r-verl.sandbox.destroyed": 1,
+        }
+    finally:
+        await bus.close()

@@ -72,7 +72,7 @@ class VerlEngine:
             await ctx.enter_phase("environment")  # verl's runtime was probed by the runner's own validator pass
             _, _, train = await asyncio.to_thread(select_tasks, config)
             val = await asyncio.to_thread(val_tasks, config)
-            await asyncio.to_thread(prepare, config, ctx.run_dir, train, val)
+            await asyncio.to_thread(prepare, config, ctx.run_dir, train, val, ctx.run_id)
             write_resolved_config(config, ctx.run_dir, ctx.secret_values)
             ctx.check_cancelled()
 
@@ -93,7 +93,7 @@ class VerlEngine:
 
             await ctx.enter_phase("loop", total=config.total_training_steps)
             reader = Reader(ctx, config)
-            proc = self._launch(config, ctx.run_dir, found.address)
+            proc = self._launch(config, ctx.run_dir, found.address, ctx.bus.url if ctx.bus is not None else None)
             stack.push_async_callback(asyncio.to_thread, stop_group, proc)
             if self.discover_replicas:
                 stack.callback(asyncio.create_task(watch_replicas(ctx, config, proc)).cancel)
@@ -116,12 +116,18 @@ class VerlEngine:
             return write_outputs(ctx.run_dir, reader)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _launch(self, config: TrainConfig, run_dir: Path, ray_address: str) -> subprocess.Popen[bytes]:
+    def _launch(
+        self, config: TrainConfig, run_dir: Path, ray_address: str, bus_url: str | None
+    ) -> subprocess.Popen[bytes]:
         argv = verl_contract.launch_argv(config, str(run_dir.resolve()), sys.executable)
         if self.argv is not None:
             argv = [*self.argv, *argv[3:]]  # a stand-in trainer, with the same overrides
-        (run_dir / "verl" / "command.json").write_text(json.dumps(argv, indent=1))
         env = {**os.environ, "RAY_ADDRESS": ray_address, "WANDB_MODE": config.wandb_mode}
+        env.pop("RUNCTL_NATS_URL", None)
+        if bus_url:
+            env["RUNCTL_NATS_URL"] = bus_url  # the workers book their trials' sandboxes (host.TrialHost._book)
+        argv += worker_env_overrides(env)
+        (run_dir / "verl" / "command.json").write_text(json.dumps(argv, indent=1))
         if config.wandb_api_key:
             env["WANDB_API_KEY"] = config.wandb_api_key  # verl's config reads it from here (runctl.verl)
         out = (run_dir / LOG_FILE).open("ab")
@@ -132,6 +138,25 @@ class VerlEngine:
             )
         finally:
             out.close()
+
+
+RUNTIME_ENV = "ray_kwargs.ray_init.runtime_env.env_vars"
+#: What verl's workers need of the runner's environment: the bus, the home, and the sandbox deployment's settings.
+WORKER_ENV = (
+    "RUNCTL_NATS_URL",
+    "RUNCTL_HOME",
+    "RUNCTL_SANDBOX_CAPS",
+    "RUNCTL_SANDBOX_DEFAULT_CAP",
+    "RUNCTL_SANDBOX_SCOPE",
+    "RUNCTL_SANDBOX_CGROUP",
+)
+
+
+def worker_env_overrides(env: dict[str, str]) -> list[str]:
+    """verl's agent-loop workers are Ray actors: they see the variables of Ray's runtime environment only. Each of
+    ``WORKER_ENV`` that ``env`` sets is named on the command line and read from the launched process's environment
+    when verl resolves its config (a password never on a command line)."""
+    return [f"+{RUNTIME_ENV}.{k}={verl_contract.hydra_value(f'${{oc.env:{k}}}')}" for k in WORKER_ENV if env.get(k)]
 
 
 class Reader:

@@ -14,36 +14,49 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from contextlib import ExitStack
+import os
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from runctl.config import TrainConfig
 from runctl.config.models import is_secret
+from runctl.events.payloads import Payload
 from runctl.layout import trial_folder
 from runctl.tasks import Task, load_task
 from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import LoopSettings, TrialLoop
 from services.proxy.server import ProxyServer
+from services.sandbox.backends.base import Backend
 from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = Path("verl") / "runctl_config.json"
+RUN_FILE = Path("verl") / "runctl_run.json"
+WORKER_SOURCE = "/launcher/verl-worker"
 READY_TIMEOUT_S = 300.0
 
 
-def write_config(config: TrainConfig, run_dir: Path) -> Path:
-    """The run's config for the workers (secrets left out: no trial needs them)."""
+def write_config(config: TrainConfig, run_dir: Path, run_id: str) -> Path:
+    """The run's config for the workers (secrets left out: no trial needs them), and its id."""
     values = {k: v for k, v in config.model_dump(mode="json").items() if not is_secret("train", k)}
     path = run_dir / CONFIG_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(values, indent=1))
+    (run_dir / RUN_FILE).write_text(json.dumps({"run_id": run_id}))
     return path
 
 
 def read_config(run_dir: Path) -> TrainConfig:
     return TrainConfig.model_validate(json.loads((run_dir / CONFIG_FILE).read_text()))
+
+
+def read_run_id(run_dir: Path) -> str:
+    try:
+        return str(json.loads((run_dir / RUN_FILE).read_text())["run_id"])
+    except FileNotFoundError:
+        return run_dir.name  # a folder prepared before the id was written there
 
 
 @dataclass
@@ -65,7 +78,9 @@ class TrialHost:
         self.config = config
         self.upstreams = upstreams
         self.trials_dir = run_dir / "trials"
+        self.run_id = read_run_id(run_dir)
         self._stack = ExitStack()
+        self._astack = AsyncExitStack()
         self._tasks: dict[str, Task] = {}
         self.proxy: ProxyServer | None = None
         self.loop: TrialLoop | None = None
@@ -98,6 +113,7 @@ class TrialHost:
         backend, image_for = self._stack.enter_context(
             open_backend(CONFIG_BACKENDS[config.backend], BackendSettings.of(config))
         )
+        backend = await self._book(backend)
         # verl's fully async trainer pauses its servers for each weight update, cutting short what they generate:
         # the proxy sends such a request again, so the agent never sees it (and a turn has one policy version).
         self.proxy = ProxyServer(
@@ -116,10 +132,31 @@ class TrialHost:
                 "see verl's log (logs/verl.log in the run folder) for why its servers did not start.",
                 phase="loop",
             )
-        self._parts = (backend, image_for, {"runctl.team": config.team, "runctl.run": self.run_dir.name})
+        self._parts = (backend, image_for, {"runctl.team": config.team, "runctl.run": self.run_id})
         self._settings = settings
         self.loop = self._make(settings)
         self._loops[settings.temperature] = self.loop
+
+    async def _book(self, backend: Backend) -> Backend:
+        """``backend`` booked in the sandbox ledger (team caps, owner, the reaper after a crash, sandbox events) when
+        the runner handed the workers its bus (``RUNCTL_NATS_URL`` in their runtime environment), as a runner books
+        its own trials' sandboxes; ``backend`` itself for a run without a bus (a foreground run)."""
+        url = os.environ.get("RUNCTL_NATS_URL")
+        if not url:
+            return backend
+        from runctl.bus import Bus
+        from runctl.events import new_event
+        from services.sandbox.booked import booked
+
+        bus = await Bus.connect(url, name=f"runctl-verl-worker-{self.run_id}", reconnect=True, as_team=False)
+        self._astack.push_async_callback(bus.close)
+        team, run_id = self.config.team, self.run_id
+
+        async def emit(payload: Payload, key: str) -> None:
+            event_id = f"{run_id}.{key}"  # the runner's scheme: a repeat is dropped by the bus
+            await bus.publish(new_event(payload, team=team, run_id=run_id, source=WORKER_SOURCE, event_id=event_id))
+
+        return await self._astack.enter_async_context(booked(backend, bus, team, run_id, emit))
 
     def _make(self, settings: LoopSettings) -> TrialLoop:
         backend, image_for, labels = self._parts
@@ -143,6 +180,7 @@ class TrialHost:
             loop.executor.shutdown(wait=False)
             loop.http.close()
         self._stack.close()
+        await self._astack.aclose()
 
     async def weight_version(self) -> int | None:
         """The newest weight version verl's servers serve (verl's ``global_steps``); None when they are not Ray

@@ -19,11 +19,12 @@ from services.launcher.engines.verl import dataset
 from services.launcher.engines.verl.host import write_config
 
 
-def prepare(config: TrainConfig, run_dir: Path, train: list[Task], val: list[Task]) -> None:
-    """Write the files runctl's overrides name (``runctl.verl.verl_overrides``)."""
+def prepare(config: TrainConfig, run_dir: Path, train: list[Task], val: list[Task], run_id: str | None = None) -> None:
+    """Write the files runctl's overrides name (``runctl.verl.verl_overrides``), and the run's id for the workers
+    (``run_id``; the run folder's name when not given)."""
     dataset.write(train, run_dir / verl_contract.TRAIN_FILE)
     dataset.write(val or train, run_dir / verl_contract.VAL_FILE)
     registry = run_dir / verl_contract.AGENT_LOOPS_FILE
     registry.write_text(verl_contract.agent_loops_yaml(str(run_dir.resolve())))
-    write_config(verl_contract.with_absolute_paths(config), run_dir)
+    write_config(verl_contract.with_absolute_paths(config), run_dir, run_id or run_dir.name)
     (run_dir / verl_contract.STEP_LOG).parent.mkdir(parents=True, exist_ok=True)
