@@ -21,7 +21,7 @@ from services.sandbox.backends.docker_backend import DockerBackend
 from services.sandbox.backends.local_backend import LocalBackend
 from services.sandbox.errors import SandboxError
 from services.sandbox.trial import RewardError, TrialRunner, parse_reward
-from tests.conftest import ROOT
+from tests.conftest import ROOT, sandbox_cgroups
 
 pytestmark = pytest.mark.integration
 TASKS = ROOT / "tests" / "data" / "tasks"
@@ -122,6 +122,31 @@ def test_a_cgroup_the_kernel_still_holds_keeps_its_sandbox_listed_until_a_destro
     backend.destroy_owned(listed)
     assert backend.list_owned() == [] and not Path(sandbox.handle).exists()
     assert not any(g.exists() for g in groups)
+
+
+def test_a_sandboxs_cgroups_are_on_record_before_they_exist(
+    local_runner: TrialRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner killed while it makes a sandbox must leave a record of every cgroup it made (the reaper reads it)."""
+    from services.sandbox.backends.base import SandboxSpec
+
+    backend = local_runner.backend
+    assert isinstance(backend, LocalBackend)
+    on_record: list[list[str]] = []
+    make = backend._make_cgroups
+
+    def recorded_first(spec: SandboxSpec) -> None:
+        on_record.append(json.loads((backend.root / spec.sandbox_id / "meta.json").read_text())["cgroups"])
+        assert not any(Path(g).exists() for g in on_record[-1])
+        make(spec)
+
+    monkeypatch.setattr(backend, "_make_cgroups", recorded_first)
+    sandbox = backend.create(SandboxSpec(sandbox_id="recorded-1", image="/", labels={"runctl.owner": "test-trials"}))
+    try:
+        made = {str(g) for g in sandbox_cgroups() if g.name == "recorded-1"}
+        assert set(on_record[0]) == made
+    finally:
+        backend.destroy(sandbox)
 
 
 def test_an_image_that_cannot_be_built_is_an_environment_failure(docker_runner: TrialRunner, tmp_path: Path) -> None:

@@ -160,12 +160,15 @@ class LocalBackend:
             "network": spec.network,
             "binds": [list(b) for b in spec.binds],
             "limits": {"memory_mb": spec.memory_mb, "pids": spec.pids, "cpus": spec.cpus},
-            "cgroups": self._make_cgroups(spec),
+            "cgroups": [str(group) for group in self._cgroups_of(spec)],
             "user": spec.user,
             "created": time.time(),
         }
+        # The record first, then the cgroups it names: a runner killed in between leaves a record the next
+        # destroy or the reaper finds, never a cgroup nobody knows of.
         (folder / "meta.json").write_text(json.dumps(meta, indent=2))
         try:
+            self._make_cgroups(spec)
             for copy in plan.get("copies", []):
                 for source in copy["sources"]:
                     self._place(folder, meta, Path(source), str(PurePosixPath(workdir) / copy["target"]))
@@ -174,18 +177,19 @@ class LocalBackend:
             raise
         return Sandbox(spec.sandbox_id, self.name, str(folder), spec)
 
-    def _make_cgroups(self, spec: SandboxSpec) -> list[str]:
-        made: list[str] = []
+    def _cgroups_of(self, spec: SandboxSpec) -> list[Path]:
+        """The sandbox's cgroup folders, one per controller this process may write."""
+        controllers = [c for c in CONTROLLERS if os.access(CGROUP_ROOT / c, os.W_OK)]
+        return [CGROUP_ROOT / c / self.cgroup_parent / spec.sandbox_id for c in controllers]
+
+    def _make_cgroups(self, spec: SandboxSpec) -> None:
         values = {
             "memory": {"memory.limit_in_bytes": str(spec.memory_mb * 1024 * 1024)},
             "pids": {"pids.max": str(spec.pids)},
             "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(int(spec.cpus * 100000))},
         }
-        for controller in CONTROLLERS:
-            base = CGROUP_ROOT / controller
-            if not os.access(base, os.W_OK):
-                continue
-            group = base / self.cgroup_parent / spec.sandbox_id
+        for group in self._cgroups_of(spec):
+            controller = group.parent.parent.name
             try:
                 group.mkdir(parents=True, exist_ok=True)
                 for name, value in values[controller].items():
@@ -194,11 +198,7 @@ class LocalBackend:
                 if controller == "memory" and swap.exists():
                     swap.write_text(values["memory"]["memory.limit_in_bytes"])
             except OSError as e:
-                for done in made:
-                    Path(done).rmdir()
                 raise SandboxError(f"cannot set the sandbox's {controller} limit in {group}: {e}") from None
-            made.append(str(group))
-        return made
 
     def destroy(self, sandbox: Sandbox) -> None:
         self._remove(Path(sandbox.handle))
