@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,29 +125,34 @@ def test_a_cgroup_the_kernel_still_holds_keeps_its_sandbox_listed_until_a_destro
     assert not any(g.exists() for g in groups)
 
 
-def test_a_sandboxs_cgroups_are_on_record_before_they_exist(
-    local_runner: TrialRunner, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A runner killed while it makes a sandbox must leave a record of every cgroup it made (the reaper reads it)."""
-    from services.sandbox.backends.base import SandboxSpec
-
+def test_a_runner_killed_while_it_makes_a_sandbox_leaves_a_record_of_its_cgroups(local_runner: TrialRunner) -> None:
     backend = local_runner.backend
     assert isinstance(backend, LocalBackend)
-    on_record: list[list[str]] = []
-    make = backend._make_cgroups
+    # Another process makes a sandbox on the same root and is SIGKILLed with its first cgroup made.
+    script = f"""
+import os, signal
+from pathlib import Path
+from services.sandbox.backends.base import SandboxSpec
+from services.sandbox.backends.local_backend import LocalBackend
 
-    def recorded_first(spec: SandboxSpec) -> None:
-        on_record.append(json.loads((backend.root / spec.sandbox_id / "meta.json").read_text())["cgroups"])
-        assert not any(Path(g).exists() for g in on_record[-1])
-        make(spec)
+backend = LocalBackend(root=Path({str(backend.root)!r}), cgroup_parent={backend.cgroup_parent!r})
 
-    monkeypatch.setattr(backend, "_make_cgroups", recorded_first)
-    sandbox = backend.create(SandboxSpec(sandbox_id="recorded-1", image="/", labels={"runctl.owner": "test-trials"}))
-    try:
-        made = {str(g) for g in sandbox_cgroups() if g.name == "recorded-1"}
-        assert set(on_record[0]) == made
-    finally:
-        backend.destroy(sandbox)
+def killed_halfway(spec):
+    (Path("/sys/fs/cgroup/pids") / backend.cgroup_parent / spec.sandbox_id).mkdir(parents=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+backend._make_cgroups = killed_halfway
+backend.create(SandboxSpec(sandbox_id="killed-1", image="/", labels={{"runctl.owner": "test-trials"}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -9, done.stderr
+    made = [g for g in sandbox_cgroups() if g.name == "killed-1"]
+    if not made or not os.access("/sys/fs/cgroup/pids", os.W_OK):
+        shutil.rmtree(backend.root / "killed-1")
+        pytest.skip("this process may not make cgroups")
+    (listed,) = backend.list_owned({"runctl.owner": "test-trials"})  # the record was written first
+    backend.destroy_owned(listed)
+    assert not any(g.exists() for g in made) and backend.list_owned() == []
 
 
 def test_an_image_that_cannot_be_built_is_an_environment_failure(docker_runner: TrialRunner, tmp_path: Path) -> None:
