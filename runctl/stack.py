@@ -157,7 +157,7 @@ class Supervisor:
         self.services_login = logins[SERVICES_USER]
         nats_argv = [nats_server_binary(), "-c", str(base / stackbus.CONFIG_FILE)]
         self.nats = Child("nats-server", nats_argv, logs / "nats-server.log")
-        self.team_sync = TeamSync(base, nats_port, self.services_login.url(self.nats_url), self._reload_nats)
+        self.team_sync = TeamSync(base, nats_port, logins, self.services_login.url(self.nats_url), self._reload_nats)
         self.services = [
             Child(name, [sys.executable, "-m", f"services.{name}"], logs / f"{name}.log") for name in SERVICES
         ]
@@ -299,9 +299,11 @@ class TeamSync(threading.Thread):
 
     POLL_S = 0.25
 
-    def __init__(self, base: Path, port: int, url: str, reload: Callable[[], bool]) -> None:
+    def __init__(
+        self, base: Path, port: int, logins: dict[str, stackbus.Login], url: str, reload: Callable[[], bool]
+    ) -> None:
         super().__init__(name="team-sync", daemon=True)
-        self.base, self.port, self.url, self.reload = base, port, url, reload
+        self.base, self.port, self.logins, self.url, self.reload = base, port, logins, url, reload
         self.stopping = threading.Event()
         self.applied = -1
         self.unloaded = False  # a configuration written that nats-server has not taken yet
@@ -333,9 +335,7 @@ class TeamSync(threading.Thread):
             return
         teams = [NatsUser(t.name, t.nats_bcrypt) for t in await registry.all()]
         if self.unloaded or sorted(teams, key=lambda t: t.name) != stackbus.config_teams(self.base):
-            logins = stackbus.stack_logins(self.base)
-            assert logins is not None  # made before the bus started
-            stackbus.write_config(self.base, self.port, logins, teams)
+            stackbus.write_config(self.base, self.port, self.logins, teams)
             self.unloaded = not await asyncio.to_thread(self.reload)
             if self.unloaded:
                 return  # tried again on the next round
@@ -388,8 +388,8 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
         if proc.poll() is not None:
             raise StackError(f"the stack supervisor exited with {proc.returncode}:\n{_tail(log_path)}")
         state = read_stack_state(base)
-        logins = stackbus.stack_logins(base)
-        if state is not None and state.supervisor.pid == proc.pid and logins is not None:
+        logins = stackbus.stack_logins(base) if state is not None and state.supervisor.pid == proc.pid else None
+        if state is not None and logins is not None:
             admin_url = logins[ADMIN_USER].url(state.nats_url)
             health = asyncio.run(probe(admin_url, state.children, timeout_s=1.0))
             if all(h.get("ok") and h.get("ready", True) for h in health.values()):

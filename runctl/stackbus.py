@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from runctl.home import StackState, home, is_same_process, read_stack_state
 from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, server_config
 
 USERS_FILE = "bus-users.json"
@@ -122,14 +123,17 @@ def same_server(a: str, b: str) -> bool:
         return False
 
 
+def home_stack(url: str) -> StackState | None:
+    """The embedded stack recorded in ``$RUNCTL_HOME`` when ``url`` is its bus, else None."""
+    state = read_stack_state()
+    return state if state is not None and same_server(url, state.nats_url) else None
+
+
 def admin_login(url: str) -> Login | None:
     """The admin's login when ``url`` is the bus of the embedded stack in ``$RUNCTL_HOME`` and its users file can be
     read (whoever started the stack), else None."""
-    from runctl.home import home, read_stack_state
-
     with contextlib.suppress(Exception):  # no stack, or an unreadable record: no login of ours to offer
-        state = read_stack_state()
-        if state is not None and same_server(url, state.nats_url):
+        if home_stack(url) is not None:
             logins = stack_logins(home())
             return logins[ADMIN_USER] if logins else None
     return None
@@ -146,10 +150,9 @@ async def wait_applied(url: str, seq: int, timeout_s: float = 20.0) -> None:
     import time
 
     from runctl.errors import StackError
-    from runctl.home import home, is_same_process, read_stack_state
 
-    state = read_stack_state()
-    if state is None or not same_server(url, state.nats_url) or not is_same_process(state.supervisor):
+    state = home_stack(url)
+    if state is None or not is_same_process(state.supervisor):
         return
     deadline = time.monotonic() + timeout_s
     while applied_seq(home()) < seq:

@@ -4,7 +4,6 @@ real processes (stopped by PID)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -93,12 +92,10 @@ def _leaves_no_sandbox_cgroups() -> Iterator[None]:
     while (left := sandbox_cgroups() - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     if left:
-        from services.sandbox.backends.local_backend import kill_cgroup
+        from services.sandbox.backends.local_backend import remove_cgroup
 
         for group in left:
-            kill_cgroup(group)
-            with contextlib.suppress(OSError):
-                group.rmdir()
+            remove_cgroup(group)
         pytest.fail(f"the test left sandbox cgroups behind: {sorted(g.name for g in left)}")
 
 

@@ -740,6 +740,7 @@ def team_nats_config(
 
     from runctl.errors import RunctlError
     from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, server_config
+    from runctl.stackbus import write_private
 
     passwords = {}
     for user, variable in ((SERVICES_USER, "RUNCTL_SERVICES_PASSWORD"), (ADMIN_USER, "RUNCTL_ADMIN_PASSWORD")):
@@ -754,10 +755,7 @@ def team_nats_config(
         NatsUser(ADMIN_USER, passwords[ADMIN_USER]),
         [NatsUser(t.name, t.nats_bcrypt) for t in teams],
     )
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o600)
-    tmp.replace(out)
+    write_private(out, text)
     _console().print(f"wrote {out}: {len(teams)} team(s). Reload nats-server to apply it (kill -HUP <its pid>).")
 
 
