@@ -19,6 +19,18 @@ def home() -> Path:
     return Path(os.environ.get("RUNCTL_HOME") or Path.home() / ".runctl")
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step: a reader, or a process killed half-way, never sees half a file
+    (the new text goes to a temporary file of this process beside it first)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(text)
+        temp.replace(path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
 @dataclass
 class ProcessRecord:
     """A process the stack started: its PID and the kernel's start time, so a reused PID is never mistaken."""
@@ -38,10 +50,7 @@ class StackState:
     children: dict[str, ProcessRecord] = field(default_factory=dict)
 
     def write(self, base: Path | None = None) -> None:
-        path = (base or home()) / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        write_atomic((base or home()) / STATE_FILE, json.dumps(asdict(self), indent=2))
 
 
 def read_stack_state(base: Path | None = None) -> StackState | None:
@@ -104,9 +113,7 @@ def own_group(name: str, pid: int, extra: dict[str, str] | None = None, base: Pa
     group = OwnedGroup(name, pid, process_start_ticks(pid) or 0, dict(extra or {}))
     folder = (base or home()) / OWNED_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    temp = folder / f"{name}.json.tmp"
-    temp.write_text(json.dumps(asdict(group)))
-    temp.replace(folder / f"{name}.json")
+    write_atomic(folder / f"{name}.json", json.dumps(asdict(group)))
     return group
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -125,34 +126,68 @@ def test_a_cgroup_the_kernel_still_holds_keeps_its_sandbox_listed_until_a_destro
     assert not any(g.exists() for g in groups)
 
 
-def test_a_runner_killed_while_it_makes_a_sandbox_leaves_a_record_of_its_cgroups(local_runner: TrialRunner) -> None:
-    backend = local_runner.backend
-    assert isinstance(backend, LocalBackend)
-    # Another process makes a sandbox on the same root and is SIGKILLed with its first cgroup made.
+def killed_in(backend: LocalBackend, body: str) -> subprocess.CompletedProcess[str]:
+    """Run ``body`` in another process with ``backend`` (same root and cgroup parent) as ``backend`` there."""
     script = f"""
-import os, signal
+import os, resource, signal
 from pathlib import Path
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.local_backend import LocalBackend
 
 backend = LocalBackend(root=Path({str(backend.root)!r}), cgroup_parent={backend.cgroup_parent!r})
+"""
+    return subprocess.run([sys.executable, "-c", script + body], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
+
+def removed_as_listed(backend: LocalBackend, sandbox_id: str) -> None:
+    """The sandbox a killed process left is listed by its labels, and destroying it removes its cgroups."""
+    made = [g for g in sandbox_cgroups() if g.name == sandbox_id]
+    if not made or not os.access("/sys/fs/cgroup/pids", os.W_OK):
+        shutil.rmtree(backend.root / sandbox_id)
+        pytest.skip("this process may not make cgroups")
+    (listed,) = backend.list_owned({"runctl.owner": "test-trials"})
+    backend.destroy_owned(listed)
+    assert not any(g.exists() for g in made) and backend.list_owned() == []
+
+
+def test_a_runner_killed_while_it_makes_a_sandbox_leaves_a_record_of_its_cgroups(local_runner: TrialRunner) -> None:
+    backend = local_runner.backend
+    assert isinstance(backend, LocalBackend)
+    # Another process makes a sandbox on the same root and is SIGKILLed with its first cgroup made.
+    done = killed_in(
+        backend,
+        """
 def killed_halfway(spec):
     (Path("/sys/fs/cgroup/pids") / backend.cgroup_parent / spec.sandbox_id).mkdir(parents=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 backend._make_cgroups = killed_halfway
-backend.create(SandboxSpec(sandbox_id="killed-1", image="/", labels={{"runctl.owner": "test-trials"}}))
-"""
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == -9, done.stderr
-    made = [g for g in sandbox_cgroups() if g.name == "killed-1"]
-    if not made or not os.access("/sys/fs/cgroup/pids", os.W_OK):
-        shutil.rmtree(backend.root / "killed-1")
-        pytest.skip("this process may not make cgroups")
-    (listed,) = backend.list_owned({"runctl.owner": "test-trials"})  # the record was written first
-    backend.destroy_owned(listed)
-    assert not any(g.exists() for g in made) and backend.list_owned() == []
+backend.create(SandboxSpec(sandbox_id="killed-1", image="/", labels={"runctl.owner": "test-trials"}))
+""",
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    removed_as_listed(backend, "killed-1")  # the record was written first
+
+
+def test_a_runner_killed_while_it_uploads_to_a_sandbox_leaves_its_record_whole(
+    local_runner: TrialRunner, tmp_path: Path
+) -> None:
+    """An upload to a new top-level path rewrites the sandbox's record; a kill half-way through that write (here the
+    kernel's, at a file size limit) must leave the record readable, or the sandbox and its cgroups go unlisted."""
+    backend = local_runner.backend
+    assert isinstance(backend, LocalBackend)
+    (tmp_path / "test.sh").write_text("exit 0\n")
+    done = killed_in(
+        backend,
+        f"""
+sandbox = backend.create(SandboxSpec(sandbox_id="torn-1", image="/", labels={{"runctl.owner": "test-trials"}}))
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; the kernel's default kills the writer
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+backend.upload(sandbox, Path({str(tmp_path / "test.sh")!r}), "/tests/test.sh")
+""",
+    )
+    assert done.returncode == -signal.SIGXFSZ, done.stderr
+    removed_as_listed(backend, "torn-1")
 
 
 def test_an_image_that_cannot_be_built_is_an_environment_failure(docker_runner: TrialRunner, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from runctl.home import home
+from runctl.home import home, write_atomic
 from runctl.tasks import Task
 from services.sandbox.backends.base import (
     OUTPUT_LIMIT,
@@ -165,8 +165,9 @@ class LocalBackend:
             "created": time.time(),
         }
         # The record first, then the cgroups it names: a runner killed in between leaves a record the next
-        # destroy or the reaper finds, never a cgroup nobody knows of.
-        (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+        # destroy or the reaper finds, never a cgroup nobody knows of. The record is only ever replaced whole (an
+        # upload of a new top-level path rewrites it), so a kill never leaves it torn and unlisted.
+        write_atomic(folder / "meta.json", json.dumps(meta, indent=2))
         try:
             self._make_cgroups(spec)
             for copy in plan.get("copies", []):
@@ -349,7 +350,7 @@ class LocalBackend:
         name = "mount-" + re.sub(r"[^A-Za-z0-9_.-]", "_", inside.parts[1])
         mounts[top] = name
         (folder / name).mkdir(exist_ok=True)
-        (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+        write_atomic(folder / "meta.json", json.dumps(meta, indent=2))
         return folder / name / inside.relative_to(top)
 
 
