@@ -19,12 +19,15 @@ def home() -> Path:
     return Path(os.environ.get("RUNCTL_HOME") or Path.home() / ".runctl")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step: a reader, or a process killed half-way, never sees half a file
-    (the new text goes to a temporary file of this process beside it first)."""
+def write_atomic(path: Path, content: str | bytes) -> None:
+    """Replace ``path`` with ``content`` in one step: a reader, or a process killed half-way, never sees half a file
+    (the new content goes to a hidden temporary file of this process beside it first)."""
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        temp.write_text(text)
+        if isinstance(content, bytes):
+            temp.write_bytes(content)
+        else:
+            temp.write_text(content)
         temp.replace(path)
     except BaseException:
         temp.unlink(missing_ok=True)

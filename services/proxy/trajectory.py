@@ -12,7 +12,6 @@ retry of the same prompt) starts a new sequence, so no token is ever trained und
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from runctl.home import write_atomic
 
 TOKEN_BYTES = 24  # 192 random bits in every session URL
 
@@ -308,7 +309,5 @@ def write_trajectory(folder: Path, trajectory: dict[str, Any]) -> Path:
     """Write ``<folder>/<session id>.json`` atomically (a reader never sees half a file)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{trajectory['session']}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(orjson.dumps(trajectory))
-    os.replace(tmp, path)
+    write_atomic(path, orjson.dumps(trajectory))
     return path

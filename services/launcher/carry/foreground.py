@@ -32,6 +32,7 @@ from runctl.config import RunConfig
 from runctl.errors import BusError
 from runctl.events import CancelRequested, Event, new_event
 from runctl.events.payloads import Payload
+from runctl.home import write_atomic
 from runctl.subjects import event_subject
 from services.launcher.carry.lifecycle import carry_to_end, run_dir_for
 from services.launcher.engines import RunContext
@@ -170,9 +171,7 @@ async def run_foreground(
             await mirror.publish(event)  # again on a resume: the bus and the tracker drop what they have
 
     async def save(state: dict[str, Any]) -> None:
-        temp = progress_path.with_suffix(".tmp")
-        temp.write_text(json.dumps(state))
-        temp.replace(progress_path)
+        write_atomic(progress_path, json.dumps(state))
 
     for payload in opening or []:
         await emit(payload, _opening_key(payload))

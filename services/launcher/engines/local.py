@@ -27,6 +27,7 @@ from runctl.config.loader import redact
 from runctl.config.models import is_secret
 from runctl.errors import TaskError
 from runctl.events import ReplicasReady
+from runctl.home import write_atomic
 from runctl.tasks import IndexEntry, Task, TaskIndex, load_index, load_task
 from services.launcher.engines.base import Outcome, RunContext
 from services.launcher.errors import EngineError
@@ -331,9 +332,7 @@ def write_resolved_config(config: RunConfig, run_dir: Path, secret_values: froze
         )
         for k, v in values.items()
     }
-    temp = run_dir / "config.json.tmp"
-    temp.write_text(json.dumps(shown, indent=2) + "\n")
-    temp.replace(run_dir / "config.json")
+    write_atomic(run_dir / "config.json", json.dumps(shown, indent=2) + "\n")
 
 
 def write_outputs(

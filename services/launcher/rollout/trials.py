@@ -27,6 +27,7 @@ import httpx
 import orjson
 
 from runctl.events import TrialFinished
+from runctl.home import write_atomic
 from runctl.layout import TRAJECTORY, TRIAL_RECORD, trial_folder
 from runctl.tasks import Task
 from services.launcher.errors import EngineError
@@ -233,9 +234,7 @@ class TrialLoop:
             "session": session.id if session else None,
         }
         log.info("%s #%d: reward %s (%s) in %.2f s", task.id, k, record["reward"], result.termination_reason, wall)
-        temp = folder / (RECORD + ".tmp")
-        temp.write_text(json.dumps(record, indent=2))
-        temp.replace(folder / RECORD)
+        write_atomic(folder / RECORD, json.dumps(record, indent=2))
         return record
 
     def _agent(self, task: Task, k: int, folder: Path, base_url: str) -> Agent:

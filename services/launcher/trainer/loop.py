@@ -28,6 +28,7 @@ from typing import Any
 
 from runctl.config import TrainConfig
 from runctl.events import CheckpointSaved, StepDone
+from runctl.home import write_atomic
 from runctl.layout import TRAJECTORY, trial_folder
 from runctl.tasks import Task
 from services.launcher.engines.base import RunContext
@@ -219,9 +220,7 @@ class TrainLoop:
         metrics = step_metrics(samples, logs, timings, kl_coef(self.config))
         metrics["perf/weight_sync_restarts"] = float(getattr(self.sync, "restarts", 0))
         record = {"step": step, "metrics": metrics, "publish_checkpoint": publish, "final": final}
-        temp = point / (STEP_RECORD + ".tmp")
-        temp.write_text(json.dumps(record, indent=2))
-        temp.replace(point / STEP_RECORD)  # the resume point is complete from here on
+        write_atomic(point / STEP_RECORD, json.dumps(record, indent=2))  # the resume point is complete from here on
         await self.announce(step, point, record)
         checkpoints.drop_older_resume_points(self.run_dir, step)
         return self.ctx.cancelled.is_set()

@@ -9,11 +9,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from runctl.config.models import TrainConfig
+from runctl.home import write_atomic
 from runctl.verl import CONFIG_FOLDER, CONFIG_NAME, config_source, verl_overrides
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip
 
@@ -80,9 +80,7 @@ def known_keys(config_dir: Path, name: str = CONFIG_NAME) -> frozenset[str]:
     tree = OmegaConf.to_container(_composed(config_dir, name, []), resolve=False)
     keys = sorted(_paths(tree, ""))
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(keys))
-    tmp.replace(cache)
+    write_atomic(cache, json.dumps(keys))
     return frozenset(keys)
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from runctl.events.payloads import BY_TYPE, Payload
+from runctl.home import write_atomic
 
 OUTBOX = Path("verl") / "outbox"
 SENT = "sent"
@@ -33,9 +34,7 @@ def post(run_dir: Path, key: str, payload: Payload) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     name = f"{time.time_ns():020d}-{os.getpid()}-{_UNSAFE.sub('_', key)}.json"
     body = {"key": key, "type": payload.type_string(), "data": payload.model_dump(mode="json")}
-    temp = folder / f".{name}.tmp"
-    temp.write_text(json.dumps(body))
-    temp.replace(folder / name)
+    write_atomic(folder / name, json.dumps(body))  # hidden until whole: the reader skips dot-files
     return folder / name
 
 
