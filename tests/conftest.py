@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,12 +23,73 @@ from runctl import tinymodel
 from runctl.bus import Bus
 from runctl.stack import nats_server_binary
 
+if TYPE_CHECKING:
+    from tests.infra.vllm_server import VLLMServer
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+_OPENED_RUN = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the process that starts the run (pytest's, or xdist's controller before its workers): the folder the
+    workers share (tests/infra/shared.py), and the plugin that times each test and names what it started."""
+    global _OPENED_RUN
+    from tests.infra import shared, timings
+
+    # Local sandboxes of this process's tests (and of the services, runners and stacks they start, which inherit it)
+    # go under a cgroup parent of this worker's own, so the leftover check below sees only its own tests' cgroups.
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    os.environ[SANDBOX_CGROUP] = f"runctl-tests-{worker}"
+    if not hasattr(config, "workerinput"):
+        _OPENED_RUN = shared.open_run()
+        if _OPENED_RUN:  # not a pytest run started by a test (the README's test command is one)
+            timings.register(config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The run fails if it left a local sandbox's cgroup anywhere (under any ``runctl*`` parent, whichever worker or
+    code path made it): the per-test check below sees only its own worker's parents."""
+    if not _OPENED_RUN or hasattr(session.config, "workerinput"):
+        return
+    left = sandbox_cgroups("runctl")
+    if left:
+        session.config.get_terminal_writer().line(
+            f"the test run left sandbox cgroups behind: {sorted(str(g) for g in left)}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run is over, every worker with it: stop what the workers shared, remove the folder."""
+    if _OPENED_RUN:
+        from tests.infra import docker_daemon, shared
+
+        docker_daemon.stop_shared(shared.folder())
+        shared.close_run()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist (in each worker, where the collection is made), the longest work first, and the groups that must
+    stay on one worker written down for the controller's scheduler (tests/infra/schedule.py)."""
+    if hasattr(config, "workerinput"):
+        from tests.infra import schedule
+
+        schedule.order(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's controller hands out units of work (a test, or a group's tests) longest first."""
+    from tests.infra import schedule
+
+    return schedule.GroupScheduling(config, log)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Make the tiny model before the first test that needs it, outside every test's timeout: on a fresh clone,
-    or a loaded machine, teaching it takes minutes that no test should be charged with."""
+    or a loaded machine, teaching it takes minutes that no test should be charged with. Under xdist every worker
+    gets here; the first makes the model under a lock while the others wait for it, so no test starts before it."""
     if not any(item.get_closest_marker(m) for item in session.items for m in ("vllm", "integration")):
         return
     from tests.infra import vllm_server
@@ -60,10 +122,26 @@ def _isolated_runctl_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             os.environ[key] = value
 
 
-def sandbox_cgroups() -> set[Path]:
-    """The cgroup folders of local sandboxes that exist now, under every parent runctl or a test names ``runctl*``
-    (none where this process may not make cgroups)."""
-    parents = [p for c in ("cpu", "memory", "pids") for p in Path("/sys/fs/cgroup", c).glob("runctl*") if p.is_dir()]
+#: The cgroup parent of local sandboxes; each test process names its own (pytest_configure).
+SANDBOX_CGROUP = "RUNCTL_SANDBOX_CGROUP"
+
+
+def own_cgroup_parent() -> str:
+    """This worker's cgroup parent of local sandboxes; a test that makes a backend of its own names a parent that
+    starts with it and a dash."""
+    return os.environ[SANDBOX_CGROUP]
+
+
+def sandbox_cgroups(prefix: str | None = None) -> set[Path]:
+    """The cgroup folders of local sandboxes that exist now under the parents that start with ``prefix`` (default:
+    this worker's own parent, and the ones its tests named after it), none where this process may not make cgroups."""
+    prefix = prefix or own_cgroup_parent()
+    parents = [
+        p
+        for c in ("cpu", "memory", "pids")
+        for p in Path("/sys/fs/cgroup", c).glob(f"{prefix}*")
+        if p.is_dir() and (prefix == "runctl" or p.name == prefix or p.name.startswith(prefix + "-"))
+    ]
     return {group for parent in parents for group in parent.iterdir() if group.is_dir()}
 
 
@@ -284,16 +362,15 @@ def examples() -> Path:
 
 
 @pytest.fixture(scope="session")
-def docker_host() -> Iterator[str]:
-    """DOCKER_HOST of a real Docker Engine (started here when none runs) holding the ``runctl-base`` image."""
-    from tests.infra import docker_daemon
+def docker_host() -> str:
+    """DOCKER_HOST of a real Docker Engine holding the ``runctl-base`` image: the one at $DOCKER_HOST, or one dockerd
+    this run starts for all its workers (tests/infra/docker_daemon.py: shared_daemon)."""
+    from tests.infra import docker_daemon, shared
 
     reason = docker_daemon.why_unavailable()
     if reason:
         pytest.skip(reason)
-    with docker_daemon.docker_daemon() as daemon:
-        docker_daemon.ensure_base_image(daemon.host)
-        yield daemon.host
+    return docker_daemon.shared_daemon(shared.folder())
 
 
 @pytest.fixture(scope="session")
@@ -303,3 +380,18 @@ def postgres() -> Iterator[str]:
 
     with postgres_server(free_port()) as admin:
         yield admin
+
+
+@pytest.fixture(scope="session")
+def served_model() -> Iterator[VLLMServer]:
+    """One real vLLM replica of the tiny model per worker, in dev mode (``/pause``, ``/resume``, ``/collective_rpc``),
+    for every test that needs a served model but not a replica of its own. A test that changes it (pauses it, loads
+    other weights) puts it back as it found it before it ends, and checks that it did; a test that kills, restarts
+    or keeps other weights in a replica starts its own (tests/infra/vllm_server.py: vllm_server)."""
+    from tests.infra import vllm_server
+
+    reason = vllm_server.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with vllm_server.vllm_server(vllm_server.tiny_model(), extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
+        yield server

@@ -7,6 +7,7 @@ from the host's static busybox with ``docker import``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,10 +27,13 @@ import requests
 
 from runctl.probe import socket_unreachable
 from tests.conftest import wait_until
+from tests.infra.shared import locked
 
 BASE_IMAGE = "runctl-base:latest"
 BUSYBOX = Path("/bin/busybox")
 START_TIMEOUT_S = 60
+#: The dockerd processes this process started for the run (shared_daemon), by PID.
+_STARTED: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,65 @@ def docker_daemon() -> Iterator[DockerDaemon]:
                 proc.wait()
         log.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def shared_daemon(shared: Path) -> str:
+    """DOCKER_HOST of the one daemon every worker of this pytest run shares, with ``runctl-base`` on it: $DOCKER_HOST
+    when it answers, else a dockerd the first worker to ask starts (under a lock in ``shared``, the run's folder) and
+    :func:`stop_shared` stops when the run ends. One daemon, one data root and one image for the whole run: two
+    daemons on one machine would each import the image and each keep a containerd."""
+    host = os.environ.get("DOCKER_HOST")
+    if host and answers(host):
+        ensure_base_image(host)
+        return host
+    with locked(shared / "dockerd.lock"):
+        recorded = shared / "dockerd.host"
+        if recorded.exists() and answers(host := recorded.read_text()):
+            return host
+        root = shared / "dockerd"
+        root.mkdir(exist_ok=True)
+        host = f"unix://{root}/docker.sock"
+        args = ["dockerd", "-H", host, "--data-root", f"{root}/data", "--exec-root", f"{root}/exec"]
+        args += ["--pidfile", f"{root}/docker.pid", "--iptables=false", "--ip-masq=false", "--bridge=none"]
+        with (root / "dockerd.log").open("wb") as log:
+            # A session of its own: it outlives the worker that started it, until stop_shared.
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _STARTED[proc.pid] = proc  # kept: a Popen collected while its process runs is an error under -W error
+        (shared / "dockerd.pid").write_text(str(proc.pid))
+        wait_until(lambda: proc.poll() is not None or answers(host), START_TIMEOUT_S, "dockerd to answer")
+        if proc.poll() is not None:
+            raise RuntimeError(f"dockerd exited with {proc.returncode}: {(root / 'dockerd.log').read_text()[-2000:]}")
+        ensure_base_image(host)
+        recorded.write_text(host)
+        return host
+
+
+def stop_shared(shared: Path) -> None:
+    """Stop the run's shared dockerd (by the PID :func:`shared_daemon` recorded), if one was started."""
+    try:
+        pid = int((shared / "dockerd.pid").read_text())
+    except (OSError, ValueError):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    ours = _STARTED.pop(pid, None)
+    if ours is not None:  # started by this process (no xdist): reap it; a worker's child is reaped by init
+        ours.wait(10)
+    shutil.rmtree(shared / "dockerd", ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def busybox_rootfs_tar() -> bytes:

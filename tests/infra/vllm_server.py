@@ -21,6 +21,7 @@ import httpx
 
 from runctl import tinymodel
 from tests.conftest import ROOT, free_port, wait_until
+from tests.infra.shared import locked
 
 MODEL_DIR = ROOT / ".cache" / "tinymodel"
 SERVED_NAME = "tiny"
@@ -34,13 +35,17 @@ def why_unavailable() -> str | None:
 
 
 def tiny_model() -> Path:
-    """The tiny model, made in a child process the first time (torch stays out of the test process)."""
-    if not tinymodel.is_made(MODEL_DIR):
-        made = subprocess.run(
-            [sys.executable, "-m", "runctl.tinymodel", str(MODEL_DIR)], capture_output=True, text=True
-        )
-        if made.returncode != 0:
-            raise RuntimeError(f"making the tiny model failed: {made.stderr[-3000:]}")
+    """The tiny model, made in a child process the first time (torch stays out of the test process), by one process
+    at a time: an xdist worker that asks while another makes it waits for that one."""
+    if tinymodel.is_made(MODEL_DIR):
+        return MODEL_DIR
+    with locked(MODEL_DIR.parent / "tinymodel.lock"):
+        if not tinymodel.is_made(MODEL_DIR):
+            made = subprocess.run(
+                [sys.executable, "-m", "runctl.tinymodel", str(MODEL_DIR)], capture_output=True, text=True
+            )
+            if made.returncode != 0:
+                raise RuntimeError(f"making the tiny model failed: {made.stderr[-3000:]}")
     return MODEL_DIR
 
 

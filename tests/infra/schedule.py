@@ -1,0 +1,134 @@
+"""The order the suite's tests are handed to xdist's workers in: longest work first, fixtures set up once.
+
+``scripts/test.sh`` runs pytest with ``-n <cores>``, and the controller schedules with :class:`GroupScheduling`: a
+unit of work is a test, or every test of one group, and a worker that is nearly done takes the next unit in
+collection order. Each worker sorts its collection (the same on every worker) by unit, the longest unit first (the
+longest-processing-time rule: the run then ends with short units on both workers, not one long test on one while
+the other idles), using the durations a run of the suite measured (``tests/durations.json``, written by ``python
+-m tests.infra.timings --durations``); a test not measured yet counts by its markers. The groups go to the
+controller in a file of the run's shared folder (tests/infra/shared.py): xdist's own ``loadgroup`` marks a group by
+rewriting node ids, which pytest 9.2 no longer reads.
+
+Groups:
+- the tests of a module that use a module-scoped fixture are one group, so the fixture (a Ray head, a browser, a
+  Docker backend whose tests list and remove what they own) is set up once, on one worker, and its tests never run
+  beside each other;
+- an ``xdist_group("name")`` mark puts tests of any module into one group, with the reason beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+from tests.infra import shared
+
+DURATIONS = Path(__file__).resolve().parents[1] / "durations.json"
+GROUPS_FILE = "groups.json"
+#: What a test not yet in DURATIONS is assumed to take, by its first marker found here.
+UNMEASURED_S = {"vllm": 120.0, "docker": 10.0, "integration": 10.0}
+UNMARKED_S = 0.5
+#: A unit of work at least this long (its tests' durations summed) is heavy: one at a time (GroupScheduling).
+HEAVY_S = 40.0
+
+
+def measured() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def guess_s(item: pytest.Item) -> float:
+    for marker, seconds in UNMEASURED_S.items():
+        if item.get_closest_marker(marker):
+            return seconds
+    return UNMARKED_S
+
+
+def has_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module- or class-scoped fixture by name (one it asks for with
+    ``request.getfixturevalue`` is not in its closure: such a module marks its group itself)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in ("module", "class") for defs in info.name2fixturedefs.values() for d in defs)
+
+
+def group_of(item: pytest.Item) -> str | None:
+    marked = item.get_closest_marker("xdist_group")
+    if marked is not None:
+        return str(marked.args[0] if marked.args else marked.kwargs.get("name", "default"))
+    return item.nodeid.split("::")[0] if has_module_fixture(item) else None
+
+
+def order(items: list[pytest.Item]) -> None:
+    """Sort ``items`` in place, longest unit first, and write each grouped test's group for the controller."""
+    durations = measured()
+    units: dict[str, list[pytest.Item]] = defaultdict(list)
+    groups: dict[str, str] = {}
+    for item in items:
+        group = group_of(item)
+        if group is not None:
+            groups[item.nodeid] = group
+        units[group or item.nodeid].append(item)
+    cost = {key: sum(durations.get(i.nodeid, guess_s(i)) for i in unit) for key, unit in units.items()}
+    ranked = sorted(units, key=lambda key: -cost[key])  # stable: equal costs keep collection order
+    items[:] = [item for key in ranked for item in units[key]]
+    heavy = [key for key in ranked if cost[key] >= HEAVY_S]
+    # Every worker writes the same file; each replaces it whole, so the controller never reads half of one.
+    path = shared.folder() / GROUPS_FILE
+    partial = path.with_name(f"{GROUPS_FILE}.{os.getpid()}")
+    partial.write_text(json.dumps({"groups": groups, "heavy": heavy}))
+    partial.replace(path)
+
+
+class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    """xdist's scope scheduling with the workers' groups as scopes, their collection order kept, and one heavy unit
+    at a time: a heavy unit goes to a worker only while no other worker has one unfinished, so two of them (each a
+    Ray head, vLLM servers and a sandbox per trial) never share the cores, while light units fill the other worker."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        config.option.loadscopereorder = False  # the workers sorted the collection already
+        self._groups: dict[str, str] | None = None
+        self._heavy: set[str] = set()
+
+    def _load(self) -> dict[str, str]:
+        if self._groups is None:  # first asked once every worker collected, so the file is there
+            written = json.loads((shared.folder() / GROUPS_FILE).read_text())
+            self._groups, self._heavy = written["groups"], set(written["heavy"])
+        return self._groups
+
+    def _split_scope(self, nodeid: str) -> str:
+        return self._load().get(nodeid, nodeid)
+
+    def _heavy_elsewhere(self, node: Any) -> bool:
+        return any(
+            scope in self._heavy and not all(done.values())
+            for other, work in self.assigned_work.items()
+            if other is not node
+            for scope, done in work.items()
+        )
+
+    def _assign_work_unit(self, node: Any) -> None:
+        self._load()
+        if self._heavy_elsewhere(node):
+            light = next((scope for scope in self.workqueue if scope not in self._heavy), None)
+            if light is None:
+                return  # only heavy units left: this worker waits for the other's to finish
+            self.workqueue.move_to_end(light, last=False)
+        super()._assign_work_unit(node)
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        super().mark_test_complete(node, item_index, duration)
+        for other in self.nodes:  # a heavy unit may have just finished: a waiting worker may take the next
+            if other is not node and self.workqueue and not other.shutting_down:
+                if self._pending_of(self.assigned_work.get(other, {})) <= 2:
+                    self._assign_work_unit(other)
