@@ -38,16 +38,11 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from runctl.ports import free_port, free_ports  # noqa: E402
 from services.proxy.http11 import UpstreamClient  # noqa: E402
 from services.proxy.standalone import ADMIN_TOKEN_ENV, use_fast_loop  # noqa: E402
 
 TARGETS = {"added_p50_ms": 1.0, "added_p99_ms": 5.0, "rps_64": 1400.0, "vllm_tokens_ratio": 0.95}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
@@ -166,7 +161,7 @@ def pct(samples: list[float], q: float) -> float:
 
 
 async def fast_upstream_bench(args: argparse.Namespace) -> dict[str, float]:
-    up_port, proxy_port = free_port(), free_port()
+    up_port, proxy_port = free_ports(2)
     token = "bench-" + os.urandom(8).hex()
     env = {**os.environ, ADMIN_TOKEN_ENV: token, "PYTHONPATH": str(ROOT)}
     upstream_argv = [sys.executable, "-m", "tests.infra.fake_vllm", "--port", str(up_port)]

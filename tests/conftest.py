@@ -21,6 +21,7 @@ import pytest
 
 from runctl import tinymodel
 from runctl.bus import Bus
+from runctl.ports import free_port
 from runctl.stack import nats_server_binary
 
 if TYPE_CHECKING:
@@ -175,12 +176,6 @@ def _leaves_no_sandbox_cgroups() -> Iterator[None]:
         for group in left:
             remove_cgroup(group)
         pytest.fail(f"the test left sandbox cgroups behind: {sorted(g.name for g in left)}")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05) -> None:

@@ -383,7 +383,9 @@ def cancel(
 def up(
     nats_port: Annotated[int, typer.Option(help="Port of the embedded nats-server.", envvar="RUNCTL_NATS_PORT")] = 4222,
     tracker_port: Annotated[int, typer.Option(help="Port of the tracker API.", envvar="RUNCTL_TRACKER_PORT")] = 8750,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for every service to answer.")] = 60.0,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for every service to answer.", envvar="RUNCTL_UP_TIMEOUT")
+    ] = 60.0,
 ) -> None:
     """Start the embedded stack: nats-server with JetStream and the five services, supervised. If it already runs
     from $RUNCTL_HOME, show its status instead."""

@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 
 from runctl.home import read_stack_state
-from tests.conftest import ROOT, SANDBOX_CGROUP, free_port
+from tests.conftest import ROOT, SANDBOX_CGROUP, free_ports
 
 RUNCTL = str(Path(sys.executable).parent / "runctl")
+# How long `runctl up` may take in a test: its 60 s serve a user's idle machine, while a test's stack may start
+# beside a vLLM compile on the other worker (five services importing on two busy cores took over 60 s in CI).
+UP_TIMEOUT_S = 300
+UP_ENV = {"RUNCTL_UP_TIMEOUT": str(UP_TIMEOUT_S)}
 PREVIEW = ROOT / "configs" / "examples" / "preview.env"
 
 
@@ -31,7 +35,7 @@ class Cli:
             env={**self.env, **env},
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=max(timeout, UP_TIMEOUT_S + 60) if args[:1] == ("up",) else timeout,
             cwd=ROOT,
         )
         if check and result.returncode != 0:
@@ -46,6 +50,7 @@ def cli(tmp_path: Path) -> Cli:
     # No runctl setting of the test process, but its worker's cgroup parent of local sandboxes (tests/conftest.py).
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNCTL_") or k == SANDBOX_CGROUP}
     env["RUNCTL_HOME"] = str(tmp_path / "home")
+    env |= UP_ENV
     return Cli(tmp_path / "home", env)
 
 
@@ -59,10 +64,15 @@ def admin_bus_url(home: Path) -> str:
     return logins[ADMIN_USER].url(state.nats_url)
 
 
+def port_args() -> list[str]:
+    """``runctl up``'s two port options, on two distinct free ports."""
+    nats_port, tracker_port = free_ports(2)
+    return ["--nats-port", str(nats_port), "--tracker-port", str(tracker_port)]
+
+
 @pytest.fixture
 def stack(cli: Cli) -> Iterator[Cli]:
-    nats_port, tracker_port = free_port(), free_port()
-    cli("up", "--nats-port", str(nats_port), "--tracker-port", str(tracker_port))
+    cli("up", *port_args())
     yield cli
     cli("down", check=False)
     state = read_stack_state(cli.home)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runctl.home import is_same_process, read_stack_state
 from tests.conftest import ROOT, Services, free_port, wait_until
-from tests.e2e.conftest import PREVIEW, RUNCTL, Cli, admin_bus_url
+from tests.e2e.conftest import PREVIEW, RUNCTL, Cli, admin_bus_url, port_args
 
 
 def test_help_answers_without_importing_anything_heavy() -> None:
@@ -186,7 +186,7 @@ def test_the_supervisor_restarts_a_dead_service_and_down_stops_exactly_its_proce
 
 def test_up_twice_shows_the_running_stack_and_a_taken_port_is_named(stack: Cli) -> None:
     before = read_stack_state(stack.home)
-    again = stack("up", "--nats-port", str(free_port()), "--tracker-port", str(free_port()))
+    again = stack("up", *port_args())
     assert "already up" in again.stdout and re.search(r"launcher\s+\d+\s+ok", again.stdout)
     state = read_stack_state(stack.home)
     assert state == before
@@ -221,7 +221,7 @@ def test_when_the_supervisor_dies_down_still_stops_every_recorded_process(stack:
     wait_until(lambda: not is_same_process(state.supervisor), 10, "the supervisor to die")
     status = stack("status", check=False)
     assert status.returncode == 1 and "not running" in status.stdout
-    up = stack("up", "--nats-port", str(free_port()), "--tracker-port", str(free_port()), check=False)
+    up = stack("up", *port_args(), check=False)
     assert up.returncode == 1 and "runctl down" in up.stderr and "still run" in up.stderr
     children = list(state.children.values())
     assert all(is_same_process(r) for r in children)

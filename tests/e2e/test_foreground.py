@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from runctl.home import read_stack_state
-from tests.conftest import free_port, wait_until
-from tests.e2e.conftest import PREVIEW, RUNCTL, Cli
+from tests.conftest import free_port, free_ports, wait_until
+from tests.e2e.conftest import PREVIEW, RUNCTL, Cli, port_args
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def test_without_a_stack_the_last_line_says_the_tracker_did_not_record_it_and_im
     assert "`runctl up`" in last and "runctl tracker import" in last
     run_id = run_id_of(result.stdout)
     folder = cli.home / "runs" / "demo" / run_id
-    cli("up", "--nats-port", str(free_port()), "--tracker-port", str(free_port()))
+    cli("up", *port_args())
     try:
         imported = cli("tracker", "import", str(folder))
         count = len((folder / "events.jsonl").read_text().splitlines())
@@ -125,7 +125,7 @@ def _children(pid: int) -> list[int]:
 def test_the_stack_can_run_its_launcher_in_a_loopback_only_namespace_of_its_own(cli: Cli) -> None:
     # On a machine with a routable interface (auto) the stack isolates its launcher; here, already inside the
     # suite's loopback-only namespace, it is asked to (=1).
-    nats_port, tracker_port = free_port(), free_port()
+    nats_port, tracker_port = free_ports(2)
     env = {"RUNCTL_LAUNCHER_NETNS": "1"}
     cli("up", "--nats-port", str(nats_port), "--tracker-port", str(tracker_port), **env)
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from runctl.home import group_members, is_same_process, read_stack_state
-from tests.conftest import free_port, wait_until
-from tests.e2e.conftest import Cli
+from tests.conftest import wait_until
+from tests.e2e.conftest import Cli, port_args
 from tests.infra import ray_head as ray_infra
 from tests.integration.test_runner_jobs import oracle_eval
 
@@ -61,7 +61,7 @@ def test_down_stops_the_ray_head_of_a_killed_launcher_whoever_is_left_to_stop_it
     assert not (stack.home / "owned" / "ray-head.json").exists()
 
     # Now with nothing left to stop it: the supervisor and the launcher both killed; `runctl down` does it.
-    stack("up", "--nats-port", str(free_port()), "--tracker-port", str(free_port()))
+    stack("up", *port_args())
     (tmp_path / "again").mkdir()
     submitted(stack, oracle_eval(tmp_path / "again", 8))
     head = ray_head(stack)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from runctl.home import read_stack_state
-from tests.conftest import ROOT, SANDBOX_CGROUP, free_port
+from tests.conftest import ROOT, SANDBOX_CGROUP, free_ports
+from tests.e2e.conftest import UP_ENV
 from tests.infra.vllm_server import VLLMServer
 
 README = (ROOT / "README.md").read_text()
@@ -35,12 +36,14 @@ def commands(block: str) -> list[str]:
 def env_for(home: Path) -> dict[str, str]:
     # No runctl setting of the test process, but its worker's cgroup parent of local sandboxes (tests/conftest.py).
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNCTL_") or k == SANDBOX_CGROUP}
+    nats_port, tracker_port = free_ports(2)
     env |= {
         "RUNCTL_HOME": str(home),
-        "RUNCTL_NATS_PORT": str(free_port()),
-        "RUNCTL_TRACKER_PORT": str(free_port()),
+        "RUNCTL_NATS_PORT": str(nats_port),
+        "RUNCTL_TRACKER_PORT": str(tracker_port),
         "PATH": f"{BIN}:{env.get('PATH', '')}",
     }
+    env |= UP_ENV
     return env
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_ports, wait_until
 
 START_TIMEOUT_S = 180  # a loaded CI host has taken over 90 s for the head and its dashboard
 
@@ -64,7 +64,8 @@ def ray_head(num_cpus: int = 1, num_gpus: int = 0, dashboard_port: int | None = 
     if reason:
         raise RuntimeError(reason)
     temp = Path(tempfile.mkdtemp(prefix="rr-", dir="/tmp"))  # short: Ray's socket paths have a length limit
-    port, dashboard = free_port(), dashboard_port or free_port()
+    port, picked, client, agent = free_ports(4)
+    dashboard = dashboard_port or picked
     ray = str(Path(sys.executable).parent / "ray")
     args = [ray, "start", "--head", "--block", "--disable-usage-stats", f"--port={port}", f"--temp-dir={temp}"]
     args += ["--node-ip-address=127.0.0.1", "--include-dashboard=true", "--dashboard-host=127.0.0.1"]
@@ -72,7 +73,7 @@ def ray_head(num_cpus: int = 1, num_gpus: int = 0, dashboard_port: int | None = 
     # Ray's other listeners with a fixed default (client server 10001, dashboard agent 52365): two heads, or one
     # and an orphan of an earlier run, would both claim them. The rest default to free ports, or (workers) to a
     # range the raylet checks before it hands a port out.
-    args += [f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"]
+    args += [f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     log = (temp / "head.log").open("wb")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -13,7 +13,8 @@ def test_a_child_that_keeps_dying_is_restarted_with_doubling_back_off(tmp_path: 
     supervisor = Supervisor(tmp_path, nats_port=1, tracker_port=2)
     alive = Child("steady", [sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "steady.log")
     dying = Child("dying", [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "dying.log")
-    supervisor.nats, supervisor.services = alive, [dying]
+    # No bus relay (a supervisor on a host with a routable interface as root makes one): only these two children.
+    supervisor.nats, supervisor.services, supervisor.relays = alive, [dying], []
     for child in (alive, dying):
         child.start(supervisor.env)
     # Each scheduled delay, bracketed by the clock read just before and just after the call that scheduled it: the

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runctl.home import disown_group, home, is_same_process, own_group, owned_groups, stop_group
+from runctl.ports import free_ports
 from services.launcher.errors import LauncherError
 
 JOBS_URL_ENV = "RUNCTL_RAY_JOBS_URL"
@@ -34,12 +34,6 @@ HEAD_NAME = "ray-head"
 HEAD_START_TIMEOUT_S = 120.0
 HEAD_STOP_GRACE_S = 5.0
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -98,7 +92,7 @@ class RayJobs:
 
     def _start_head(self) -> LocalHead:
         temp = tempfile.mkdtemp(prefix="rj-", dir="/tmp")  # short: Ray's socket paths have a length limit
-        port, dashboard = _free_port(), _free_port()
+        port, dashboard = free_ports(2)
         ray = str(Path(sys.executable).parent / "ray")
         argv = [ray, "start", "--head", "--block", "--disable-usage-stats", f"--port={port}", f"--temp-dir={temp}"]
         argv += ["--node-ip-address=127.0.0.1", "--include-dashboard=true", "--dashboard-host=127.0.0.1"]

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import httpx
 
 from runctl.config import EvalConfig, RunConfig, TrainConfig
+from runctl.ports import free_port
 from services.launcher.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -82,12 +82,6 @@ def _checkpoint_dtype(model: Path) -> str | None:
     return str(found) if found else None
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _tail(path: Path, lines: int) -> str:
     try:
         with path.open(errors="replace") as f:
@@ -124,7 +118,7 @@ class ReplicaServer:
         import ray
 
         self.host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
-        self.port = _free_port(self.host)
+        self.port = free_port(self.host)
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Under the group watcher: the server's processes (API server, engine core, workers) live and die together.

@@ -70,7 +70,7 @@ def ray_ports(ctx: Context) -> Verdict:
     cluster, or the one head it starts and shares between its runs)."""
     import os
 
-    from runctl.stack import port_is_free
+    from runctl.ports import port_is_free
 
     c = ctx.config
     if c.engine == "fake":
