@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from runctl.home import read_stack_state
-from tests.conftest import ROOT, SANDBOX_CGROUP, free_ports
+from runctl.ports import free_ports
+from tests.conftest import ROOT, SANDBOX_CGROUP
 
 RUNCTL = str(Path(sys.executable).parent / "runctl")
 # How long `runctl up` may take in a test: its 60 s serve a user's idle machine, while a test's stack may start

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from runctl.home import read_stack_state
-from tests.conftest import free_port, free_ports, wait_until
+from runctl.ports import free_ports
+from tests.conftest import free_port, wait_until
 from tests.e2e.conftest import PREVIEW, RUNCTL, Cli, port_args
 
 pytestmark = pytest.mark.integration

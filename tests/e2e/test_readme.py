@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from runctl.home import read_stack_state
-from tests.conftest import ROOT, SANDBOX_CGROUP, free_ports
+from runctl.ports import free_ports
+from tests.conftest import ROOT, SANDBOX_CGROUP
 from tests.e2e.conftest import UP_ENV
 from tests.infra.vllm_server import VLLMServer
 
@@ -94,6 +95,9 @@ def _vllm_or_skip() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.timeout(1000)  # the demo's own limit is 900 s
+# Memory: a train run's replica and trainer beside up to two eval runs' replicas (about 10 GiB at its peak), while
+# each worker also holds its served_model replica: beside another such test it would not fit in 24 GiB.
+@pytest.mark.exclusive("a train run with its eval runs: about 10 GiB at its peak")
 def test_the_demo_trains_on_cpu_and_every_checkpoint_beats_nothing_by_luck(tmp_path: Path) -> None:
     _vllm_or_skip()
     env = env_for(tmp_path / "home")

@@ -55,6 +55,8 @@ async def republish_and_drain(nats_url: str, event: Any) -> None:
 
 
 @pytest.mark.timeout(1200)
+# Memory, as the demo (tests/e2e/test_readme.py): a train run's replica and trainer beside its eval runs' replicas.
+@pytest.mark.exclusive("a train run with its eval runs: about 10 GiB at its peak")
 def test_the_eval_runs_of_a_cancelled_train_run_finish_once_each_and_name_their_checkpoint(
     stack: Cli, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ from the host's static busybox with ``docker import``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import os
 import shutil
@@ -27,6 +28,7 @@ import requests
 
 from runctl.probe import socket_unreachable
 from tests.conftest import wait_until
+from tests.infra import shared as shared_run
 from tests.infra.shared import locked
 
 BASE_IMAGE = "runctl-base:latest"
@@ -34,6 +36,7 @@ BUSYBOX = Path("/bin/busybox")
 START_TIMEOUT_S = 60
 #: The dockerd processes this process started for the run (shared_daemon), by PID.
 _STARTED: dict[int, subprocess.Popen[bytes]] = {}
+CLONE_NEWNET = 0x40000000
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,31 @@ def shared_daemon(shared: Path) -> str:
         ensure_base_image(host)
         recorded.write_text(host)
         return host
+
+
+@contextmanager
+def daemon_network() -> Iterator[None]:
+    """Sockets made in the block are made in the shared dockerd's network namespace, for a server the daemon itself
+    must reach (a registry): the daemon was started by whichever worker asked first, in that worker's loopback-only
+    namespace (tests/infra/worker-python), whose 127.0.0.1 is not this worker's. The calling thread joins that
+    namespace for the block and returns to its own; a no-op without a shared daemon of this run."""
+    folder = os.environ.get(shared_run.ENV)
+    try:
+        pid = int((Path(folder) / "dockerd.pid").read_text()) if folder else 0
+    except (OSError, ValueError):
+        pid = 0
+    if not pid:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/thread-self/ns/net") as own, open(f"/proc/{pid}/ns/net") as theirs:
+        if libc.setns(theirs.fileno(), CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot join the network namespace of dockerd (PID {pid})")
+        try:
+            yield
+        finally:
+            if libc.setns(own.fileno(), CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "cannot return to this thread's network namespace")
 
 
 def stop_shared(shared: Path) -> None:

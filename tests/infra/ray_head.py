@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import free_ports, wait_until
+from runctl.ports import free_ports
+from tests.conftest import wait_until
 
 START_TIMEOUT_S = 180  # a loaded CI host has taken over 90 s for the head and its dashboard
 

@@ -14,6 +14,10 @@ Groups:
   Docker backend whose tests list and remove what they own) is set up once, on one worker, and its tests never run
   beside each other;
 - an ``xdist_group("name")`` mark puts tests of any module into one group, with the reason beside it.
+
+A unit with a test marked ``exclusive("reason")`` goes to a worker only while no other worker has an exclusive unit
+unfinished: the mark is for the few tests whose own work fills the machine (the reason says how), not for every long
+test; a long test must hold its verdict beside any other (docs/testing.md, "Under load").
 """
 
 from __future__ import annotations
@@ -34,8 +38,6 @@ GROUPS_FILE = "groups.json"
 #: What a test not yet in DURATIONS is assumed to take, by its first marker found here.
 UNMEASURED_S = {"vllm": 120.0, "docker": 10.0, "integration": 10.0}
 UNMARKED_S = 0.5
-#: A unit of work at least this long (its tests' durations summed) is heavy: one at a time (GroupScheduling).
-HEAVY_S = 40.0
 
 
 def measured() -> dict[str, float]:
@@ -81,37 +83,37 @@ def order(items: list[pytest.Item]) -> None:
     cost = {key: sum(durations.get(i.nodeid, guess_s(i)) for i in unit) for key, unit in units.items()}
     ranked = sorted(units, key=lambda key: -cost[key])  # stable: equal costs keep collection order
     items[:] = [item for key in ranked for item in units[key]]
-    heavy = [key for key in ranked if cost[key] >= HEAVY_S]
+    exclusive = [key for key in ranked if any(i.get_closest_marker("exclusive") for i in units[key])]
     # Every worker writes the same file; each replaces it whole, so the controller never reads half of one.
     path = shared.folder() / GROUPS_FILE
     partial = path.with_name(f"{GROUPS_FILE}.{os.getpid()}")
-    partial.write_text(json.dumps({"groups": groups, "heavy": heavy}))
+    partial.write_text(json.dumps({"groups": groups, "exclusive": exclusive}))
     partial.replace(path)
 
 
 class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
-    """xdist's scope scheduling with the workers' groups as scopes, their collection order kept, and one heavy unit
-    at a time: a heavy unit goes to a worker only while no other worker has one unfinished, so two of them (each a
-    Ray head, vLLM servers and a sandbox per trial) never share the cores, while light units fill the other worker."""
+    """xdist's scope scheduling with the workers' groups as scopes, their collection order kept, and one exclusive
+    unit at a time: an exclusive unit goes to a worker only while no other worker has one unfinished, while the
+    other units fill the other workers."""
 
     def __init__(self, config: pytest.Config, log: Any = None) -> None:
         super().__init__(config, log)
         config.option.loadscopereorder = False  # the workers sorted the collection already
         self._groups: dict[str, str] | None = None
-        self._heavy: set[str] = set()
+        self._exclusive: set[str] = set()
 
     def _load(self) -> dict[str, str]:
         if self._groups is None:  # first asked once every worker collected, so the file is there
             written = json.loads((shared.folder() / GROUPS_FILE).read_text())
-            self._groups, self._heavy = written["groups"], set(written["heavy"])
+            self._groups, self._exclusive = written["groups"], set(written["exclusive"])
         return self._groups
 
     def _split_scope(self, nodeid: str) -> str:
         return self._load().get(nodeid, nodeid)
 
-    def _heavy_elsewhere(self, node: Any) -> bool:
+    def _exclusive_elsewhere(self, node: Any) -> bool:
         return any(
-            scope in self._heavy and not all(done.values())
+            scope in self._exclusive and not all(done.values())
             for other, work in self.assigned_work.items()
             if other is not node
             for scope, done in work.items()
@@ -119,16 +121,16 @@ class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
 
     def _assign_work_unit(self, node: Any) -> None:
         self._load()
-        if self._heavy_elsewhere(node):
-            light = next((scope for scope in self.workqueue if scope not in self._heavy), None)
-            if light is None:
-                return  # only heavy units left: this worker waits for the other's to finish
-            self.workqueue.move_to_end(light, last=False)
+        if self._exclusive_elsewhere(node):
+            other_unit = next((scope for scope in self.workqueue if scope not in self._exclusive), None)
+            if other_unit is None:
+                return  # only exclusive units left: this worker waits for the other's to finish
+            self.workqueue.move_to_end(other_unit, last=False)
         super()._assign_work_unit(node)
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)
-        for other in self.nodes:  # a heavy unit may have just finished: a waiting worker may take the next
+        for other in self.nodes:  # an exclusive unit may have just finished: a waiting worker may take the next
             if other is not node and self.workqueue and not other.shutting_down:
                 if self._pending_of(self.assigned_work.get(other, {})) <= 2:
                     self._assign_work_unit(other)

@@ -134,6 +134,8 @@ class Timings:
         self._stop.set()
         self._thread.join(5)
         self.sample()
+        if not self.records:
+            return  # nothing ran (--collect-only, a subset that selected nothing): the last run's file stays
         self.out.parent.mkdir(parents=True, exist_ok=True)
         rows = {
             nodeid: {"duration_s": round(r.duration_s, 2), "outcome": r.outcome, "worker": r.worker,
@@ -146,6 +148,8 @@ class Timings:
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         ran = {k: r for k, r in self.records.items() if r.duration_s > 0}
+        if not ran:
+            return
         slowest = sorted(ran.items(), key=lambda kv: -kv[1].duration_s)[:SLOWEST]
         terminalreporter.section(f"slowest {len(slowest)} tests (setup + call + teardown)")
         for nodeid, record in slowest:
@@ -191,11 +195,18 @@ def table(path: Path) -> str:
 
 
 def write_durations(path: Path) -> int:
-    """Write the measured durations where tests/infra/schedule.py reads them; how many tests."""
-    from tests.infra.schedule import DURATIONS
+    """Write the measured durations where tests/infra/schedule.py reads them; how many tests it now holds. Tests
+    that did not pass in this run (or did not run: a subset) keep their earlier figure; tests under a second are left
+    out (the scheduler's guess for an unmarked test is close enough)."""
+    from tests.infra.schedule import DURATIONS, measured
 
     tests = json.loads(path.read_text())["tests"]
-    durations = {nodeid: round(row["duration_s"], 1) for nodeid, row in sorted(tests.items())}
+    durations = {nodeid: s for nodeid, s in measured().items() if nodeid not in tests}
+    for nodeid, row in tests.items():
+        if row["outcome"] == "passed" and row["duration_s"] >= 1.0:
+            durations[nodeid] = round(row["duration_s"], 1)
+        elif row["outcome"] != "passed" and nodeid in measured():
+            durations[nodeid] = measured()[nodeid]
     DURATIONS.write_text(json.dumps(durations, indent=0, sort_keys=True) + "\n")
     return len(durations)
 

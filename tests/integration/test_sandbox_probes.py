@@ -19,6 +19,7 @@ from runctl.config import load_config
 from runctl.events import CheckResult
 from services.validator.library import check_config
 from tests.conftest import ROOT, free_port
+from tests.infra import docker_daemon
 from tests.infra.kube_api import FakeCluster, fake_kube_api
 from tests.integration.test_lifecycle import fake_config
 
@@ -50,8 +51,11 @@ class _EmptyRegistry(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def empty_registry() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyRegistry)
+def empty_registry(docker_host: str) -> Iterator[str]:
+    # The daemon asks the registry, so it listens where the daemon is: the run's one dockerd may run in another
+    # worker's network namespace.
+    with docker_daemon.daemon_network():
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyRegistry)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"127.0.0.1:{server.server_address[1]}"
