@@ -43,10 +43,31 @@ def pytest_configure(config: pytest.Config) -> None:
     # go under a cgroup parent of this worker's own, so the leftover check below sees only its own tests' cgroups.
     worker = getattr(config, "workerinput", {}).get("workerid", "main")
     os.environ[SANDBOX_CGROUP] = f"runctl-tests-{worker}"
+    share_the_cores(int(getattr(config, "workerinput", {}).get("workercount", 1)))
     if not hasattr(config, "workerinput"):
         _OPENED_RUN = shared.open_run()
         if _OPENED_RUN:  # not a pytest run started by a test (the README's test command is one)
             timings.register(config)
+
+
+#: The thread pools of what a worker's tests start (vLLM's engine, a trainer's torch, tokenizers), sized to the
+#: worker's share of the cores.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def share_the_cores(workers: int) -> None:
+    """With several workers, size the thread pools of everything a worker starts to its share of the cores, and stop
+    vLLM pinning its threads. Left alone, each vLLM engine binds one OpenMP thread per core it may use, pinned, and
+    each torch process sizes its pool to every core: two workers' vLLM servers and trainers then spin on the same
+    cores (a CI run on 2 cores saw a load average of 11 to 13, and its first 60 tests took 35 minutes). A setting
+    the run was given (the environment) is kept."""
+    if workers <= 1:
+        return
+    share = str(max(1, (os.cpu_count() or 1) // workers))
+    for name in THREAD_ENV:
+        os.environ.setdefault(name, share)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
