@@ -6,14 +6,21 @@ generated text, saved with a ChatML chat template that renders tools, tool calls
 Hermes-style tool parsers read them. Both are seeded, so the same version of this module makes the same files.
 
 ``python -m runctl.tinymodel DIR`` writes the model into DIR (``config.json``, ``model.safetensors``, the tokenizer
-files); it is a no-op when DIR already holds a model made by this version.
+files); it is a no-op when DIR already holds a model made by this version. Teaching it takes minutes on two cores,
+so a model made once is kept in the user's cache (``$RUNCTL_MODEL_CACHE``, else ``$XDG_CACHE_HOME/runctl/tinymodel``
+or ``~/.cache/runctl/tinymodel``; ``RUNCTL_MODEL_CACHE=off`` keeps none), under a key of this module's source and
+the torch, transformers and tokenizers versions, and the next checkout copies it from there: as pip's cache serves a
+second install.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import random
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -228,12 +235,58 @@ def is_made(folder: Path, shape: str = "tiny") -> bool:
     return bool(stamp.get("version") == VERSION and stamp.get("shape", "tiny") == shape)
 
 
+CACHE_ENV = "RUNCTL_MODEL_CACHE"
+
+
+def cached_copy(shape: str) -> Path | None:
+    """Where the user's cache keeps the model of ``shape`` this code makes; None when the cache is off."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = os.environ.get(CACHE_ENV, "")
+    if root == "off":
+        return None
+    if not root:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "runctl" / "tinymodel")
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    for package in ("torch", "transformers", "tokenizers"):
+        try:
+            key.update(f"{package}={version(package)}".encode())
+        except PackageNotFoundError:
+            key.update(package.encode())
+    return Path(root) / f"{shape}-v{VERSION}-{key.hexdigest()[:16]}"
+
+
+def _copy_model(source: Path, folder: Path) -> None:
+    """Copy a made model; its stamp last, so a copy cut short is not taken for a model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if path.name != STAMP:
+            shutil.copy2(path, folder / path.name)
+    shutil.copy2(source / STAMP, folder / STAMP)
+
+
+def _keep(folder: Path, cached: Path) -> None:
+    """Put a copy of the model just made in the cache (whole, or not at all); a cache that cannot be written is
+    only a slower next checkout."""
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+    try:
+        _copy_model(folder, partial)
+        partial.replace(cached)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def make(folder: Path, shape: str = "tiny") -> Path:
     """Write the model and its tokenizer into ``folder`` (created), unless already there. Returns ``folder``.
 
-    ``shape`` is ``tiny`` (taught the chat format) or ``bench`` (about 28M parameters, random weights).
+    ``shape`` is ``tiny`` (taught the chat format) or ``bench`` (about 28M parameters, random weights). A copy in the
+    user's cache (:func:`cached_copy`) is taken when there is one, and one is left there when there is not.
     """
     if is_made(folder, shape):
+        return folder
+    cached = cached_copy(shape)
+    if cached is not None and is_made(cached, shape):
+        _copy_model(cached, folder)
         return folder
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -289,6 +342,8 @@ def make(folder: Path, shape: str = "tiny") -> Path:
         json.dumps({"version": VERSION, "shape": shape, "parameters": params, "teach_loss": loss and round(loss, 4)})
         + "\n"
     )
+    if cached is not None:
+        _keep(folder, cached)
     return folder
 
 

@@ -79,15 +79,9 @@ def docker_daemon() -> Iterator[DockerDaemon]:
         yield DockerDaemon(host, started_here=False)
         return
     root = Path(tempfile.mkdtemp(prefix="rdk-", dir="/tmp"))
-    host = f"unix://{root}/docker.sock"
-    args = ["dockerd", "-H", host, "--data-root", f"{root}/data", "--exec-root", f"{root}/exec"]
-    args += ["--pidfile", f"{root}/docker.pid", "--iptables=false", "--ip-masq=false", "--bridge=none"]
-    log = (root / "dockerd.log").open("wb")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, host = _start_dockerd(root)
     try:
-        wait_until(lambda: proc.poll() is not None or answers(host), START_TIMEOUT_S, "dockerd to answer")
-        if proc.poll() is not None:
-            raise RuntimeError(f"dockerd exited with {proc.returncode}: {(root / 'dockerd.log').read_text()[-2000:]}")
+        _wait_for(proc, host, root)
         yield DockerDaemon(host, started_here=True)
     finally:
         if proc.poll() is None:
@@ -97,8 +91,22 @@ def docker_daemon() -> Iterator[DockerDaemon]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        log.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_dockerd(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """dockerd with its socket, data, exec root and log in ``root``, in a session of its own; and its DOCKER_HOST."""
+    host = f"unix://{root}/docker.sock"
+    args = ["dockerd", "-H", host, "--data-root", f"{root}/data", "--exec-root", f"{root}/exec"]
+    args += ["--pidfile", f"{root}/docker.pid", "--iptables=false", "--ip-masq=false", "--bridge=none"]
+    with (root / "dockerd.log").open("wb") as log:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), host
+
+
+def _wait_for(proc: subprocess.Popen[bytes], host: str, root: Path) -> None:
+    wait_until(lambda: proc.poll() is not None or answers(host), START_TIMEOUT_S, "dockerd to answer")
+    if proc.poll() is not None:
+        raise RuntimeError(f"dockerd exited with {proc.returncode}: {(root / 'dockerd.log').read_text()[-2000:]}")
 
 
 def shared_daemon(shared: Path) -> str:
@@ -116,17 +124,10 @@ def shared_daemon(shared: Path) -> str:
             return host
         root = shared / "dockerd"
         root.mkdir(exist_ok=True)
-        host = f"unix://{root}/docker.sock"
-        args = ["dockerd", "-H", host, "--data-root", f"{root}/data", "--exec-root", f"{root}/exec"]
-        args += ["--pidfile", f"{root}/docker.pid", "--iptables=false", "--ip-masq=false", "--bridge=none"]
-        with (root / "dockerd.log").open("wb") as log:
-            # A session of its own: it outlives the worker that started it, until stop_shared.
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc, host = _start_dockerd(root)  # in a session of its own: it outlives its worker, until stop_shared
         _STARTED[proc.pid] = proc  # kept: a Popen collected while its process runs is an error under -W error
         (shared / "dockerd.pid").write_text(str(proc.pid))
-        wait_until(lambda: proc.poll() is not None or answers(host), START_TIMEOUT_S, "dockerd to answer")
-        if proc.poll() is not None:
-            raise RuntimeError(f"dockerd exited with {proc.returncode}: {(root / 'dockerd.log').read_text()[-2000:]}")
+        _wait_for(proc, host, root)
         ensure_base_image(host)
         recorded.write_text(host)
         return host
