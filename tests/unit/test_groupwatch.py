@@ -7,7 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from runctl.home import group_members
 from tests.conftest import wait_until
@@ -46,3 +49,18 @@ def test_a_command_that_cannot_start_exits_127_and_leaves_nothing(tmp_path: Path
     assert done.returncode == 127 and "cannot start" in done.stderr and "Traceback" not in done.stderr
     after = {p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("runctl-group-*")}
     assert after <= before
+
+
+def test_the_command_gets_a_private_tmpdir_but_keeps_torchs_compile_cache_outside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.launcher.rollout.groupwatch import command_env
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    private = str(tmp_path / "private")
+    env = command_env(private)
+    assert env["TMPDIR"] == private
+    cache = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    assert cache.parent == Path(tempfile.gettempdir()) and cache.name.startswith("torchinductor_")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert command_env(private)["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")  # a setting given is kept
