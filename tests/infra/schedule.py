@@ -131,6 +131,8 @@ class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)
         for other in self.nodes:  # an exclusive unit may have just finished: a waiting worker may take the next
-            if other is not node and self.workqueue and not other.shutting_down:
+            # A worker that replaces one that died has not sent its collection yet: it is given work once it has.
+            ready = other in self.registered_collections
+            if other is not node and ready and self.workqueue and not other.shutting_down:
                 if self._pending_of(self.assigned_work.get(other, {})) <= 2:
                     self._assign_work_unit(other)
