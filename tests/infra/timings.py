@@ -31,7 +31,8 @@ from tests.infra import shared
 
 #: What a process is, from its command line: the first pattern that matches names it.
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("vllm", re.compile(r"vllm\.entrypoints\.openai\.api_server")),
+    # The server itself, not the group watcher whose command line ends with the server's (a replica of a run).
+    ("vllm", re.compile(r"^\S+ -m vllm\.entrypoints\.openai\.api_server")),
     ("ray-head", re.compile(r"(^|/)gcs_server( |$)")),
     ("ray-node", re.compile(r"(^|/)raylet( |$)")),
     ("dockerd", re.compile(r"(^|/)dockerd( |$)")),
