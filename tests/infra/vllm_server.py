@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from runctl import tinymodel
+from services.launcher.rollout.groupwatch import command_env
 from tests.conftest import ROOT, free_port, wait_until
 from tests.infra.shared import locked
 
@@ -92,7 +93,9 @@ def vllm_server(model: Path, port: int | None = None, extra_env: dict[str, str] 
     # A private temporary folder, removed at the end: vLLM leaves its ZeroMQ sockets in it.
     private_tmp = tempfile.TemporaryDirectory(prefix="vllm-")
     log = open(Path(private_tmp.name) / "server.log", "wb")  # noqa: SIM115
-    env = {**os.environ, **vllm_env(), "TMPDIR": private_tmp.name, **(extra_env or {})}
+    # A private TMPDIR as a run's replica gets, with torch's kernel cache outside it (groupwatch.command_env): the
+    # suite's servers then compile their kernels once, not at every start.
+    env = {**command_env(private_tmp.name), **vllm_env(), **(extra_env or {})}
     proc = subprocess.Popen(
         vllm_argv(model, port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
