@@ -33,12 +33,15 @@ def add_teams(services: Services, teams: dict[str, tuple[float, float]]) -> None
     asyncio.run(go())
 
 
-def run_config(tmp_path: Path, name: str, team: str, gpus: int, steps: int = 2, **extra: str) -> Path:
+def run_config(
+    tmp_path: Path, name: str, team: str, gpus: int, steps: int = 2, delay_s: float = 0.1, **extra: str
+) -> Path:
     folder = tmp_path / name
     folder.mkdir()
-    # Fake runs hold their GPUs (as admitted) for as long as their synthetic steps take.
+    # Fake runs hold their GPUs (as admitted) for as long as their synthetic events take: the fake engine waits
+    # FAKE_STEP_DELAY_SEC before each event (a phase, a trial, a step), about 27 of them for 2 steps.
     return fake_config(folder, TEAM=team, NGPUS_PER_NODE=str(gpus), GEN_TP="1", FAKE_NUM_STEPS=str(steps),
-                       FAKE_STEP_DELAY_SEC="1.5", EXP_NAME=name, **extra)  # fmt: skip
+                       FAKE_STEP_DELAY_SEC=str(delay_s), EXP_NAME=name, **extra)  # fmt: skip
 
 
 def event(services: Services, run_id: str, name: str) -> dict[str, Any] | None:
@@ -57,9 +60,10 @@ def test_runs_queue_within_quotas_and_are_admitted_in_fair_share_order(
     monkeypatch.setenv("RUNCTL_CLUSTER_GPUS", "8")
     start_core(services)
     add_teams(services, {"nlp": (12, 1), "vision": (8, 2), "speech": (2, 1)})
-    # nlp takes the whole cluster with two runs; then everyone else waits.
-    first = submit(services, run_config(tmp_path, "n1", "nlp", 4, steps=4))
-    second = submit(services, run_config(tmp_path, "n2", "nlp", 4, steps=4))
+    # nlp takes the whole cluster with two runs (about 75 s each: long enough for the others to queue behind them
+    # and the launcher to restart under them); then everyone else waits. The runs that wait are short.
+    first = submit(services, run_config(tmp_path, "n1", "nlp", 4, steps=4, delay_s=1.5))
+    second = submit(services, run_config(tmp_path, "n2", "nlp", 4, steps=4, delay_s=1.5))
     for run_id in (first, second):
         wait_for_state(services, run_id, "running", 60)
     over_quota = submit(services, run_config(tmp_path, "s1", "speech", 4))
