@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from runctl import tinymodel
+from runctl.loopback import _die_with_parent
 from services.launcher.rollout.groupwatch import command_env
 from tests.conftest import ROOT, free_port, wait_until
 from tests.infra.shared import locked
@@ -96,8 +97,14 @@ def vllm_server(model: Path, port: int | None = None, extra_env: dict[str, str] 
     # A private TMPDIR as a run's replica gets, with torch's kernel cache outside it (groupwatch.command_env): the
     # suite's servers then compile their kernels once, not at every start.
     env = {**command_env(private_tmp.name), **vllm_env(), **(extra_env or {})}
+    # SIGTERM when the process that started it dies (a worker that crashed never reaches the fixture's teardown).
     proc = subprocess.Popen(
-        vllm_argv(model, port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        vllm_argv(model, port),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
     server = VLLMServer(f"http://127.0.0.1:{port}", proc)
     try:
