@@ -28,7 +28,7 @@ import requests
 
 from runctl.probe import socket_unreachable
 from tests.conftest import wait_until
-from tests.infra import shared as shared_run
+from tests.infra.shared import ENV as SHARED_ENV
 from tests.infra.shared import locked
 
 BASE_IMAGE = "runctl-base:latest"
@@ -139,7 +139,7 @@ def daemon_network() -> Iterator[None]:
     must reach (a registry): the daemon was started by whichever worker asked first, in that worker's loopback-only
     namespace (tests/infra/worker-python), whose 127.0.0.1 is not this worker's. The calling thread joins that
     namespace for the block and returns to its own; a no-op without a shared daemon of this run."""
-    folder = os.environ.get(shared_run.ENV)
+    folder = os.environ.get(SHARED_ENV)
     try:
         pid = int((Path(folder) / "dockerd.pid").read_text()) if folder else 0
     except (OSError, ValueError):

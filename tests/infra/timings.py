@@ -202,12 +202,9 @@ def write_durations(path: Path) -> int:
     from tests.infra.schedule import DURATIONS, measured
 
     tests = json.loads(path.read_text())["tests"]
-    durations = {nodeid: s for nodeid, s in measured().items() if nodeid not in tests}
-    for nodeid, row in tests.items():
-        if row["outcome"] == "passed" and row["duration_s"] >= 1.0:
-            durations[nodeid] = round(row["duration_s"], 1)
-        elif row["outcome"] != "passed" and nodeid in measured():
-            durations[nodeid] = measured()[nodeid]
+    passed = {nodeid: row["duration_s"] for nodeid, row in tests.items() if row["outcome"] == "passed"}
+    durations = {nodeid: s for nodeid, s in measured().items() if nodeid not in passed}
+    durations |= {nodeid: round(s, 1) for nodeid, s in passed.items() if s >= 1.0}
     DURATIONS.write_text(json.dumps(durations, indent=0, sort_keys=True) + "\n")
     return len(durations)
 
