@@ -52,12 +52,10 @@ def tiny_model() -> Path:
 
 
 def vllm_env() -> dict[str, str]:
-    return {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_HOST_IP": "127.0.0.1",
-    }
+    """A CPU replica's environment, as a run gives its own (services/launcher/rollout/replicas.py)."""
+    from services.launcher.rollout.replicas import vllm_env as replica_env
+
+    return replica_env("127.0.0.1", cpu=True)
 
 
 def vllm_argv(model: Path, port: int, served_name: str = SERVED_NAME) -> list[str]:

@@ -1,0 +1,34 @@
+"""A replica's command line and environment (services/launcher/rollout/replicas.py), on CPU and on GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from runctl.config import load_config
+from services.launcher.rollout.replicas import vllm_argv, vllm_env
+from tests.conftest import ROOT
+
+
+def infer_config(tmp_path: Path, **values: str) -> object:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    environ = {"MODEL_PATH": str(model), **values}
+    return load_config(ROOT / "configs" / "examples" / "infer-cpu.env", environ=environ).model
+
+
+def test_a_cpu_replica_runs_eager_in_float32_with_its_model_in_the_engine_process(tmp_path: Path) -> None:
+    argv = vllm_argv(infer_config(tmp_path), "python", "127.0.0.1", 8000)  # type: ignore[arg-type]
+    assert "--enforce-eager" in argv and argv[argv.index("--dtype") + 1] == "float32"
+    assert "--tensor-parallel-size" not in argv
+    env = vllm_env("127.0.0.1", cpu=True)
+    # One process fewer per replica: the model runs in the engine core (bench/replica_start.py measures the gain).
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"]
+    assert "VLLM_SERVER_DEV_MODE" not in env and vllm_env("127.0.0.1", cpu=True, dev_mode=True)["VLLM_SERVER_DEV_MODE"]
+
+
+def test_a_gpu_replica_keeps_vllms_own_process_layout() -> None:
+    env = vllm_env("10.0.0.1", cpu=False)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert env["VLLM_HOST_IP"] == "10.0.0.1"
