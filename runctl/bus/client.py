@@ -297,7 +297,9 @@ class Bus:
                 target,
                 name=name,
                 **who,
-                connect_timeout=2,
+                # Refused at once when nothing listens; this bounds a bus that is up but slow to answer (a loaded
+                # machine's took over 2 s in CI).
+                connect_timeout=5,
                 allow_reconnect=reconnect,
                 # nats-py loops forever on 0; 1 means: try, wait reconnect_time_wait, try once more, give up.
                 max_reconnect_attempts=-1 if reconnect else 1,
