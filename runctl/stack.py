@@ -455,13 +455,16 @@ async def probe(
             result[name] = {"ok": False, "pid": record.pid if record else None, "detail": "bus unreachable"}
         return result
     try:
-        info = await bus.js.account_info()
-        result["nats-server"] = {
-            "ok": True,
+        nats_health: dict[str, Any] = {
             "pid": nats_record.pid if nats_record else None,
-            "detail": f"{masked_url(nats_url)}, JetStream streams: {info.streams}",
             "restarts": nats_record.restarts if nats_record else 0,
         }
+        try:
+            info = await bus.js.account_info()
+            nats_health |= {"ok": True, "detail": f"{masked_url(nats_url)}, JetStream streams: {info.streams}"}
+        except Exception as e:  # a bus up whose JetStream does not answer yet (starting, or on a loaded machine)
+            nats_health |= {"ok": False, "detail": f"{masked_url(nats_url)}: JetStream does not answer ({e!r})"}
+        result["nats-server"] = nats_health
 
         async def ask(name: str) -> tuple[str, dict[str, Any]]:
             record = records.get(name)
