@@ -27,11 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 10.0
 
 
+def _as_from_a_terminal() -> None:
+    """In the child, before exec: SIGINT does what Ctrl-C in a terminal does. A process started in the background by
+    a shell without job control (a CI script, ``nohup … &``) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt for it: the interrupt below would be lost and the demo would go on to its train run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def first_phase(argv: list[str], env: dict[str, str], timeout_s: float = 600) -> float:
     """Seconds from starting ``argv`` until it prints a ``phase.started`` line; then it is interrupted and reaped."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_as_from_a_terminal,
     )
     assert proc.stdout is not None
     seen = None
