@@ -1,5 +1,7 @@
 """Evaluation on every checkpoint, against a real nats-server: each checkpoint gets exactly one eval run, however
-often its event comes and whichever launcher hears it; the cap queues the rest; the base model is step 0."""
+often its event comes and whichever launcher hears it; the cap queues the rest; the base model is step 0; a
+cancelled train run's eval runs still go on. Eval runs carried for real, on a stack, are the demo's
+(tests/e2e/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,15 @@ import pytest
 
 from runctl.bus import Bus
 from runctl.config import load_config
-from runctl.events import CheckpointSaved, ConfigSubmitted, EvalRequested, RunSucceeded, new_event, parse_event
+from runctl.events import (
+    CheckpointSaved,
+    ConfigSubmitted,
+    EvalRequested,
+    RunCancelled,
+    RunSucceeded,
+    new_event,
+    parse_event,
+)
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import submission_event
 from runctl.subjects import run_filter
@@ -97,6 +107,15 @@ async def test_the_cap_queues_evals_until_one_ends_and_the_base_model_is_step_0(
     assert await evals.store.pinned(PARENT) == {3, 6}
     submitted = [e for e in await run_events(bus, eval_run_id(PARENT, 0)) if isinstance(e.data, ConfigSubmitted)]
     assert {k: v["value"] for k, v in submitted[0].data.resolved.items()}["MODEL_PATH"] == str(tmp_path / "base")
+    # The train run is cancelled: its eval runs are runs of their own, so the one in flight goes on and the queued one
+    # is still submitted when a slot frees.
+    cancelled = RunCancelled(requested_by="someone", phase="loop")
+    await evals.on_end(new_event(cancelled, team="demo", run_id=PARENT, source="/test"))
+    assert {e.step: e.state for e in await evals.store.entries(PARENT)} == {0: "ended", 3: "submitted", 6: "queued"}
+    await evals.on_end(new_event(RunSucceeded(score=0.5), team="demo", run_id=eval_run_id(PARENT, 3), source="/t"))
+    assert {e.step: e.state for e in await evals.store.entries(PARENT)} == {0: "ended", 3: "ended", 6: "submitted"}
+    last = [e for e in await run_events(bus, eval_run_id(PARENT, 6)) if isinstance(e.data, ConfigSubmitted)]
+    assert len(last) == 1
 
 
 async def test_a_train_run_without_eval_on_checkpoint_gets_none(bus: Bus, tmp_path: Path) -> None:

@@ -105,19 +105,11 @@ def records(run_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return found
 
 
-@pytest.mark.timeout(600)  # runctl_run's own limit is 420 s
-def test_an_infer_run_end_to_end(tmp_path: Path) -> None:
-    # A checkpoint folder in Hugging Face format is a model like any other.
-    checkpoint = tmp_path / "checkpoints" / "global_step_3" / "huggingface"
-    shutil.copytree(vllm_infra.tiny_model(), checkpoint)
-    # Two replicas (GEN_DP=2), each a Ray actor with its own vLLM server, behind the proxy.
-    cfg = config(tmp_path, "infer-cpu.env", MODEL_PATH=checkpoint, GEN_DP=2)
-    home = tmp_path / "home"
-    result = runctl_run(cfg, "infer-e2e", home)
-    assert result.returncode == 0, result.stdout + result.stderr
-    run_dir = home / "runs" / "demo" / "infer-e2e"
-    assert f"results: {run_dir}" in result.stdout.replace("\n", "")
-
+def assert_an_infer_run(run_dir: Path, stdout: str, home: Path) -> None:
+    """What an infer run of the example (``infer-cpu.env``: three tasks, four trials each, one replica) leaves: its
+    events in order, every trial's folder, the summary, the filtered index. The README's test runs that example as
+    written (tests/e2e/test_readme.py: test_the_infer_and_eval_block_runs_as_written) and checks it with this."""
+    assert f"results: {run_dir}" in stdout.replace("\n", "")
     labels = [label(e) for e in events(run_dir)]
     # runctl run records its submission and its own verdict first, as a submitted run's are recorded.
     opening = ["config.submitted", "config.validated", *PHASES_IN_ORDER]
@@ -127,9 +119,9 @@ def test_an_infer_run_end_to_end(tmp_path: Path) -> None:
     end = events(run_dir)[-1]["data"]
     assert end["num_trials"] == 12
     ready = next(e["data"] for e in events(run_dir) if label(e) == "replicas.ready")
-    assert ready["dp"] == 2 and len(set(ready["addresses"])) == 2
+    assert ready["dp"] == 1 and len(ready["addresses"]) == 1
     logs = sorted(p.name for p in (run_dir / "logs").iterdir())
-    assert logs == ["runner.log", "vllm_server_0_0.log", "vllm_server_1_0.log"]
+    assert logs == ["runner.log", "vllm_server_0_0.log"]
     assert "count-files #3: reward 0.0 (agent_completed)" in (run_dir / "logs" / "runner.log").read_text()
 
     # Every trial has its folder: the runner's record, the sandbox's verdict and logs, the agent's log and the
@@ -151,7 +143,7 @@ def test_an_infer_run_end_to_end(tmp_path: Path) -> None:
         for path in (run_dir / "trials").glob("*/trial-*/trajectory.json")
         for turn in json.loads(path.read_text())["turns"]
     }
-    assert len(served_by) == 2  # the proxy spread the sessions over both replicas
+    assert len(served_by) == 1  # its one replica
     # The tiny model never writes count.txt: that task fails every time.
     assert all(found["count-files", k]["reward"] == 0.0 for k in range(4))
 
@@ -188,8 +180,14 @@ def wait_for_trials(run_dir: Path, count: int, proc: subprocess.Popen[str]) -> N
 
 @pytest.mark.timeout(1200)  # two runs of up to 420 s each, and the waits between them
 def test_a_killed_run_resumes_without_redoing_or_losing_a_trial(tmp_path: Path) -> None:
+    # A checkpoint folder in Hugging Face format is a model like any other; two replicas (GEN_DP=2), each a Ray actor
+    # with its own vLLM server, behind the proxy. (An infer run's events, trial folders and outputs in full:
+    # assert_an_infer_run, on the README's run of the example.)
+    checkpoint = tmp_path / "checkpoints" / "global_step_3" / "huggingface"
+    shutil.copytree(vllm_infra.tiny_model(), checkpoint)
     with ray_infra.ray_head() as head:
-        cfg = config(tmp_path, "infer-cpu.env", RAY_ADDRESS=head.gcs_address, N_CONCURRENT=1, N_TRIALS=2)
+        values = {"RAY_ADDRESS": head.gcs_address, "N_CONCURRENT": 1, "N_TRIALS": 2, "GEN_DP": 2}
+        cfg = config(tmp_path, "infer-cpu.env", MODEL_PATH=checkpoint, **values)
         home = tmp_path / "home"
         run_dir = home / "runs" / "demo" / "resumed"
         first = subprocess.Popen(
@@ -207,11 +205,18 @@ def test_a_killed_run_resumes_without_redoing_or_losing_a_trial(tmp_path: Path) 
             first.wait()
         before = {key: path.read_bytes() for key, path in _record_files(run_dir).items()}
         assert len(before) >= 2
-        # The replica the killed runner started goes with it (its actor's owner died): every process of the server.
-        (replica,) = [e["data"]["addresses"][0] for e in events(run_dir) if label(e) == "replicas.ready"]
-        log = (run_dir / "logs" / "vllm_server_0_0.log").read_text()
-        group = int(re.search(r"\(process group (\d+)\)", log).group(1))  # type: ignore[union-attr]
-        wait_until(lambda: not _answers(replica) and not _group_alive(group), 60, "the killed run's replica to stop")
+        # The replicas the killed runner started go with it (their actors' owner died): every process of each server.
+        (ready,) = [e["data"] for e in events(run_dir) if label(e) == "replicas.ready"]
+        assert ready["dp"] == 2 and len(set(ready["addresses"])) == 2
+        groups = []
+        for index in range(2):
+            log = (run_dir / "logs" / f"vllm_server_{index}_0.log").read_text()
+            groups.append(int(re.search(r"\(process group (\d+)\)", log).group(1)))  # type: ignore[union-attr]
+
+        def stopped() -> bool:
+            return not any(_answers(a) for a in ready["addresses"]) and not any(_group_alive(g) for g in groups)
+
+        wait_until(stopped, 60, "the killed run's replicas to stop")
 
         result = runctl_run(cfg, "resumed", home)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -344,9 +349,19 @@ async def test_trials_stop_when_the_model_stops_answering(tmp_path: Path) -> Non
     assert published == [] and not list((tmp_path / "trials").glob("*/trial-*/trial.json"))
 
 
-@pytest.mark.timeout(600)  # runctl_run's own limit is 420 s
-def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_only_the_proxy(tmp_path: Path) -> None:
+async def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_only_the_proxy(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer
+) -> None:
+    # The runner's trial loop and proxy as an installed agent's run opens them (local.open_proxy: the proxy's Unix
+    # socket bound into the sandbox), in front of the worker's replica of the tiny model: the replica is not what
+    # this test is about (a run that starts its own: test_a_killed_run_resumes_without_redoing_or_losing_a_trial).
     import socket
+    from contextlib import AsyncExitStack
+
+    from runctl.config import load_config
+    from services.launcher.engines.local import loop_settings, open_proxy, select_tasks
+    from services.launcher.rollout.trials import TrialLoop
+    from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
 
     task = tmp_path / "tasks" / "write-done"
     shutil.copytree(ROOT / "examples" / "tasks" / "write-done", task)
@@ -366,16 +381,32 @@ def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_only_th
         SCAFFOLD="installed",
         AGENT_COMMAND=f"'$RUNCTL_PYTHON /opt/sdk_agent.py {port}'",
     )
-    home = tmp_path / "home"
+    run_config = load_config(cfg, environ={}).model
+    records: list[dict[str, Any]] = []
+
+    async def publish(record: dict[str, Any]) -> None:
+        records.append(record)
+
     try:
-        result = runctl_run(cfg, "installed", home)
+        async with AsyncExitStack() as stack:
+            proxy, settings = await open_proxy(stack, [served_model.url], loop_settings(run_config))
+            assert settings.socket_dir is not None and (settings.socket_dir / "proxy.sock").exists()
+            opened = open_backend(CONFIG_BACKENDS[run_config.backend], BackendSettings.of(run_config))
+            with opened as (backend, image_for):
+                _, _, tasks = select_tasks(run_config)  # as the runner loads them: trial folders by index id
+                labels = {"runctl.run": "installed"}
+                loop = TrialLoop(tasks, tmp_path / "trials", settings, backend, image_for, proxy, labels, publish)
+                await loop.run(await loop.recover(), asyncio.Event())
+                assert backend.list_owned(labels) == []
+            socket_dir = settings.socket_dir
+        assert not socket_dir.exists()  # the socket's folder goes with the proxy
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected
     finally:
         listener.close()
-    assert result.returncode == 0, result.stdout + result.stderr
-    folder = home / "runs" / "demo" / "installed" / "trials" / "write-done" / "trial-0"
+    folder = tmp_path / "trials" / "write-done" / "trial-0"
     record = json.loads((folder / "trial.json").read_text())
+    assert [r["termination_reason"] for r in records] == ["agent_completed"]
     assert record["agent"] == "installed" and record["termination_reason"] == "agent_completed"
     assert record["reward"] == 1.0  # greedy: the taught command
     report = json.loads((folder / "logs" / "agent" / "report.json").read_text())

@@ -42,11 +42,12 @@ def weights(folder: Path) -> dict[str, Any]:
 
 @pytest.mark.timeout(1500)
 def test_a_train_run_killed_after_two_steps_resumes_checkpoints_and_succeeds(tmp_path: Path) -> None:
-    # The one real train run of this file walks the whole path: steps with TRL's metrics, checkpoints in Hugging Face
-    # format, and, its runner SIGKILLed (its whole process group) after the second step, a second `runctl run` of the
-    # same id that resumes without a step published twice with other values or lost. The resume's bookkeeping in
-    # detail (resume points, retention, trial numbers) is tests/integration/test_train_loop.py's, without vLLM.
-    cfg = config(tmp_path, "train-cpu.env", **{**SMALL, "TOTAL_TRAINING_STEPS": 4}, TRAIN_FILES=say_yes(tmp_path))
+    # A train run whose runner is SIGKILLed (its whole process group) after the second step, and a second `runctl run`
+    # of the same id that resumes from the checkpoint without a step published twice with other values or lost. A
+    # whole train run (TRL's metrics, checkpoints that load, the replica's weight reloads) is the demo's
+    # (tests/e2e/test_readme.py); the resume's bookkeeping in detail (resume points, retention, trial numbers) is
+    # tests/integration/test_train_loop.py's, without vLLM.
+    cfg = config(tmp_path, "train-cpu.env", **SMALL, TRAIN_FILES=say_yes(tmp_path))
     home = tmp_path / "home"
     run_dir = home / "runs" / "demo" / "train-resumed"
     first = subprocess.Popen(
@@ -66,41 +67,25 @@ def test_a_train_run_killed_after_two_steps_resumes_checkpoints_and_succeeds(tmp
     assert result.returncode == 0, result.stdout + result.stderr
     after: dict[int, list[dict[str, float]]] = {}
     for e in names(run_dir, "step.done"):
-        assert e["data"]["synthetic"] is False
         after.setdefault(e["data"]["step"], []).append(e["data"]["metrics"])
-    assert sorted(after) == [1, 2, 3, 4]
+    assert sorted(after) == [1, 2, 3]
     for step, published in after.items():
         assert all(m == published[0] for m in published), f"step {step} published with different values"
         if step in before:
             assert published[0] == before[step]
-        metrics = published[0]
-        for key in ("critic/score/mean", "critic/rewards/mean", "actor/pg_loss", "actor/ppo_kl", "actor/entropy",
-                    "actor/grad_norm", "actor/lr", "response_length/mean", "timing_s/gen", "timing_s/update_actor",
-                    "timing_s/sync_weights", "timing_s/step", "traj_filter/timeout"):  # fmt: skip
-            assert key in metrics, key
-        assert metrics["actor/grad_norm"] >= 0 and metrics["response_length/mean"] > 0
-        if 0 < metrics["critic/score/mean"] < 1:  # rewards differ within the group: the advantages are not all 0
-            assert metrics["actor/grad_norm"] > 0
+    saved = names(run_dir, "checkpoint.saved")
+    assert sorted({e["data"]["step"] for e in saved}) == [2, 3]
+    last = saved[-1]["data"]
+    assert last["step"] == 3 and Path(last["path"]) == run_dir / "checkpoints" / "global_step_3" / "huggingface"
     # Sampling is seeded per task, trial and turn, so these rollouts come out the same every time; some step among
-    # them has passes and failures, so the policy moves (no warm-up: the first step's rate is the full ACTOR_LR).
+    # them has passes and failures, so the policy moves: the last checkpoint is not the base model.
     learned = [step for step, published in after.items() if 0 < published[0]["critic/score/mean"] < 1]
     assert learned, {step: published[0]["critic/score/mean"] for step, published in after.items()}
-    saved = names(run_dir, "checkpoint.saved")
-    assert sorted({e["data"]["step"] for e in saved}) == [2, 4]
-    last = saved[-1]["data"]
-    hf = Path(last["path"])
-    assert last["step"] == 4 and hf == run_dir / "checkpoints" / "global_step_4" / "huggingface"
-    base = weights(vllm_infra.tiny_model())
-    assert last["format"] == "hf" and last["num_bytes"] > sum(v.numel() * 4 for v in base.values())
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    AutoModelForCausalLM.from_pretrained(hf)
-    assert AutoTokenizer.from_pretrained(hf).chat_template
-    moved = weights(hf)
+    base, moved = weights(vllm_infra.tiny_model()), weights(Path(last["path"]))
     assert any(not moved[k].equal(base[k]) for k in base)
-    # Every trial of the run has its own number: step s numbers its N_RESP trials from (s - 1) × N_RESP.
+    # Trial numbers go on across the resume: step s numbers its N_RESP trials from (s - 1) × N_RESP.
     trials = {e["data"]["trial"] for e in events(run_dir) if label(e) == "trial.finished"}
-    assert trials == set(range(16))
+    assert trials == set(range(12))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 4 and summary["last_checkpoint"] == last["path"]
+    assert summary["steps"] == 3 and summary["last_checkpoint"] == last["path"]
     assert label(events(run_dir)[-1]) == "run.succeeded"

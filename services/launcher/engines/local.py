@@ -101,26 +101,7 @@ class LocalEngine:
             await ctx.enter_phase("proxy")
             proxy: ProxyServer | None = None
             if urls:
-                socket_path = None
-                if settings.agent == "installed":
-                    # Installed agents reach the proxy through a Unix socket bound into their sandbox.
-                    folder = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))  # short: socket paths are limited
-                    stack.callback(shutil.rmtree, folder, True)
-                    socket_path = folder / SOCKET_NAME
-                    settings = replace(settings, socket_dir=folder)
-                proxy = ProxyServer(urls, served_model=config.served_model_name, unix_socket=socket_path)
-                await stack.enter_async_context(proxy)
-                if socket_path is not None:
-                    folder.chmod(0o755)
-                    socket_path.chmod(0o666)  # an agent running as any user of the sandbox may connect
-                # Every replica answered /health already: wait until the proxy routes to each, so that the first
-                # sessions spread over all of them rather than stick to the first one probed.
-                if not await proxy.wait_ready(60, every=True):
-                    raise EngineError(
-                        "the proxy could not reach every replica within 60 s, though each answered /health. Fix: "
-                        "see the replicas' logs in the run folder, then resume the run.",
-                        phase="proxy",
-                    )
+                proxy, settings = await open_proxy(stack, urls, settings)
 
             labels = {"runctl.team": ctx.team, "runctl.run": ctx.run_id}
 
@@ -201,6 +182,38 @@ def model_still_there(config: RunConfig) -> None:
             "`runctl run CONFIG --run-id RUN_ID` (finished trials are kept).",
             phase="replicas",
         )
+
+
+async def open_proxy(
+    stack: AsyncExitStack, urls: list[str], settings: LoopSettings
+) -> tuple[ProxyServer, LoopSettings]:
+    """The run's proxy in front of the replicas at ``urls``, closed with ``stack``; for an installed agent also the
+    Unix socket its sandbox reaches the proxy through (in ``settings.socket_dir``, which the returned settings name).
+
+    Raises:
+        EngineError: the proxy could not reach every replica within 60 s.
+    """
+    socket_path = None
+    if settings.agent == "installed":
+        # Installed agents reach the proxy through a Unix socket bound into their sandbox.
+        folder = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))  # short: socket paths are limited
+        stack.callback(shutil.rmtree, folder, True)
+        socket_path = folder / SOCKET_NAME
+        settings = replace(settings, socket_dir=folder)
+    proxy = ProxyServer(urls, served_model=settings.served_model, unix_socket=socket_path)
+    await stack.enter_async_context(proxy)
+    if socket_path is not None:
+        socket_path.parent.chmod(0o755)
+        socket_path.chmod(0o666)  # an agent running as any user of the sandbox may connect
+    # Every replica answered /health already: wait until the proxy routes to each, so that the first sessions spread
+    # over all of them rather than stick to the first one probed.
+    if not await proxy.wait_ready(60, every=True):
+        raise EngineError(
+            "the proxy could not reach every replica within 60 s, though each answered /health. Fix: see the "
+            "replicas' logs in the run folder, then resume the run.",
+            phase="proxy",
+        )
+    return proxy, settings
 
 
 @contextmanager
