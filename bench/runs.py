@@ -13,6 +13,7 @@ Ray must start in a loopback-only network namespace here: run as root, this scri
 (``unshare --net``), as ``scripts/test.sh`` does.
 
     python bench/runs.py [--trials 8] [--concurrent 4]
+    python bench/runs.py --run-dir RUN_DIR     # the same figures of an infer run that `runctl run` finished
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -69,6 +71,13 @@ def make_config(folder: Path, model: Path, trials: int, concurrent: int) -> Path
     )
 
 
+def read_run(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A finished run's events and trial records."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    records = [json.loads(p.read_text()) for p in run_dir.glob("trials/*/trial-*/trial.json")]
+    return events, records
+
+
 def when(event: dict[str, object]) -> float:
     return datetime.fromisoformat(str(event["time"])).timestamp()
 
@@ -78,24 +87,28 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=8, help="attempts per task (3 tasks)")
     parser.add_argument("--concurrent", type=int, default=4, help="trials in flight (N_CONCURRENT)")
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "tinymodel", help="made when missing")
+    parser.add_argument("--run-dir", type=Path, help="read an infer run `runctl run` finished instead (from its start)")
     args = parser.parse_args()
-    work = prepare(args.model, "bench-runs-")
-    try:
-        config = make_config(work, args.model, args.trials, args.concurrent)
-        env = {**os.environ, "RUNCTL_HOME": str(work / "home")}
-        started = time.time()
-        runctl = str(Path(sys.executable).parent / "runctl")
-        done = subprocess.run(
-            [runctl, "run", str(config), "--run-id", "bench"], env=env, capture_output=True, text=True, timeout=1800
-        )
-        if done.returncode != 0:
-            print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
-            return 1
-        run_dir = work / "home" / "runs" / "demo" / "bench"
-        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-        records = [json.loads(p.read_text()) for p in run_dir.glob("trials/*/trial-*/trial.json")]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if args.run_dir is not None:
+        events, records = read_run(args.run_dir)
+        started = when(events[0])  # the run's submission, as `runctl run` recorded it
+        config = json.loads((args.run_dir / "config.json").read_text())
+        args.trials, args.concurrent = int(config["N_TRIALS"]), int(config["N_CONCURRENT"])
+    else:
+        work = prepare(args.model, "bench-runs-")
+        try:
+            config_path = make_config(work, args.model, args.trials, args.concurrent)
+            env = {**os.environ, "RUNCTL_HOME": str(work / "home")}
+            started = time.time()
+            runctl = str(Path(sys.executable).parent / "runctl")
+            argv = [runctl, "run", str(config_path), "--run-id", "bench"]
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
+                return 1
+            events, records = read_run(work / "home" / "runs" / "demo" / "bench")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def first(name: str, phase: str | None = None) -> float:
         for event in events:

@@ -42,13 +42,20 @@ def test_when_the_sentinel_dies_the_server_is_stopped_and_its_folder_removed(tmp
 
 
 def test_a_command_that_cannot_start_exits_127_and_leaves_nothing(tmp_path: Path) -> None:
-    before = {p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("runctl-group-*")}
+    # The watcher's own temporary folder, where it makes the command's private one: another test's replica, on
+    # another worker, makes its own in the machine's /tmp meanwhile.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     done = subprocess.run(
-        [*WATCH, str(tmp_path / "missing")], capture_output=True, text=True, timeout=60, start_new_session=True
+        [*WATCH, str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     assert done.returncode == 127 and "cannot start" in done.stderr and "Traceback" not in done.stderr
-    after = {p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("runctl-group-*")}
-    assert after <= before
+    assert list(tmp.iterdir()) == []
 
 
 def test_the_command_gets_a_private_tmpdir_but_keeps_torchs_compile_cache_outside_it(
