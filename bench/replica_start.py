@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from runctl.config import load_config  # noqa: E402
+from runctl.home import stop_group  # noqa: E402
 from runctl.ports import free_port  # noqa: E402
 from services.launcher.rollout.groupwatch import command_env  # noqa: E402
 from services.launcher.rollout.replicas import vllm_argv, vllm_env  # noqa: E402
@@ -85,12 +85,8 @@ def start_once(model: Path, layout: dict[str, str]) -> tuple[float, float, float
             ready = time.monotonic() - began
             cpu, rss = group_usage(proc.pid)
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc.pid, grace_s=60)
+            proc.wait()
             log.close()
     return ready, cpu, rss
 
