@@ -20,6 +20,18 @@ from collections.abc import Sequence
 SPIN = "while True: pass"
 
 
+def start_busy(count: int, nice: int = 0) -> list[subprocess.Popen[bytes]]:
+    """``count`` processes that spin at niceness ``nice`` until killed (each in a session of its own)."""
+    program = f"import os\nos.nice({nice})\n{SPIN}\n"
+    return [subprocess.Popen([sys.executable, "-c", program], start_new_session=True) for _ in range(count)]
+
+
+def stop_busy(busy: Sequence[subprocess.Popen[bytes]]) -> None:
+    for proc in busy:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.infra.load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--busy", type=int, default=os.cpu_count() or 1, help="busy processes (default: one per core)")
@@ -29,17 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("name the command to run under load, after --")
-    busy = [
-        subprocess.Popen([sys.executable, "-c", f"import os; os.nice({args.nice}); {SPIN}"], start_new_session=True)
-        for _ in range(args.busy)
-    ]
+    busy = start_busy(args.busy, args.nice)
     print(f"load: {len(busy)} busy processes (PIDs {', '.join(str(p.pid) for p in busy)})", flush=True)
     try:
         return subprocess.call(command)
     finally:
-        for proc in busy:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+        stop_busy(busy)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from services.launcher.errors import EngineError
 
 #: How long the runner waits for NNODES nodes; ``RUNCTL_NODES_TIMEOUT_SEC`` in the environment overrides it.
 NODES_TIMEOUT_S = 600.0
+#: Starts of a local head: Ray gives its raylet a fixed 30 s to register, which a loaded machine can miss.
+LOCAL_HEAD_TRIES = 2
 _lock = threading.Lock()
 _users = 0
 _started_here = False
@@ -75,12 +78,19 @@ def connect(ray_address: str | None, nnodes: int, timeout_s: float | None = None
                 if address:
                     ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
                 else:
-                    _own_token()
-                    ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+                    _start_local_head()
                     _started_here = True
             except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError …
                 where = f"the Ray cluster at {address}" if address else "a local Ray head"
-                fix = "check RAY_ADDRESS and that the head is up" if address else "check `ray` is installed"
+                if address:
+                    fix = "check RAY_ADDRESS and that the head is up"
+                elif _STARTUP_TIMEOUT in str(e):
+                    fix = (
+                        f"the machine was too busy for Ray's node to register ({LOCAL_HEAD_TRIES} tries); start a head "
+                        "yourself (`ray start --head`) and set RAY_ADDRESS, or run fewer things beside the run"
+                    )
+                else:
+                    fix = "check `ray` is installed"
                 raise EngineError(
                     f"could not attach to {where}: {type(e).__name__}: {e}. Fix: {fix}.", phase="ray"
                 ) from e
@@ -112,6 +122,85 @@ def connect(ray_address: str | None, nnodes: int, timeout_s: float | None = None
     except BaseException:
         release()
         raise
+
+
+_STARTUP_TIMEOUT = "timed out during startup"
+
+
+def _start_local_head() -> None:
+    """``ray.init`` a head of this process's own. A start that fails has the processes it left killed; one that
+    failed because Ray gave up waiting for its node to register (a fixed 30 s) is tried again, up to
+    ``LOCAL_HEAD_TRIES`` starts."""
+    import ray
+
+    _own_token()
+    ray_dir = os.path.dirname(ray.__file__)
+    for attempt in range(1, LOCAL_HEAD_TRIES + 1):
+        before = _children(os.getpid())
+        try:
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            return
+        except Exception as e:
+            # Kill what this start left (only that: a runner's other threads may have started processes meanwhile),
+            # whether or not it is tried again: the runner outlives a run that fails here.
+            started = {pid for pid in _children(os.getpid()) - before if ray_dir in _cmdline(pid)}
+            _kill(started | {d for pid in started for d in _descendants(pid)})
+            ray.shutdown()
+            if _STARTUP_TIMEOUT not in str(e) or attempt == LOCAL_HEAD_TRIES:
+                raise
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parents() -> dict[int, list[int]]:
+    """Each live process's children, read from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    return parents
+
+
+def _children(pid: int) -> set[int]:
+    return set(_parents().get(pid, []))
+
+
+def _descendants(pid: int) -> set[int]:
+    parents = _parents()
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _kill(pids: set[int]) -> None:
+    """SIGKILL ``pids`` (processes this process started) and reap those that are its own children."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # a grandchild: its own parent reaps it
+            pass
 
 
 def _own_token() -> None:
