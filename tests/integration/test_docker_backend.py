@@ -88,8 +88,14 @@ def test_limits_hold(backend: DockerBackend, tmp_path: Path) -> None:
         assert network == ["lo"]
         assert backend.exec(made, "touch /root-file", 10).exit_code != 0
         assert backend.exec(made, "touch /tmp/ok && touch /logs/ok", 10).exit_code == 0
+        # What a command runs is the OOM killer's first choice; the container's init and idle loop are not.
+        assert backend.exec(made, "cat /proc/self/oom_score_adj /proc/1/oom_score_adj", 10).stdout.split() == [
+            "1000",
+            "0",
+        ]
         memory = backend.exec(made, "head -c 200m /dev/zero | tail > /dev/null", 30)
         assert memory.exit_code != 0  # killed by the 64 MiB limit
+        assert backend.client.api.inspect_container(made.handle)["State"]["Running"]  # the sandbox outlives it
         forks = backend.exec(made, "for i in $(seq 200); do sleep 30 & done; wait", 10)
         assert "can't fork" in forks.stderr or "Resource temporarily unavailable" in forks.stderr
     finally:

@@ -16,8 +16,11 @@ from services.sandbox.backends.base import ExecResult
 
 PID_MARK = b"@runctl-pid "
 
-#: Runs ``$1`` with ``sh -c`` after writing its PID to stderr (the backend strips that line).
-WRAPPER = 'echo "@runctl-pid $$" >&2; exec sh -c "$1"'
+#: Runs ``$1`` with ``sh -c`` after writing its PID to stderr (the backend strips that line). First it makes itself
+#: (and so everything the command starts) the OOM killer's first choice: when a command outgrows the sandbox's memory
+#: limit, the kernel kills the command's processes, never the sandbox's init or idle loop (which would end the
+#: container, and with it the trial's verifier). Raising one's own ``oom_score_adj`` needs no privilege.
+WRAPPER = '{ echo 1000 > /proc/self/oom_score_adj; } 2>/dev/null; echo "@runctl-pid $$" >&2; exec sh -c "$1"'
 
 #: Stops, then kills, the tree under PID ``$1`` (children found through /proc/*/stat, stopped as they are found so
 #: that nothing forks during the walk), and its process group when it leads one. A process's name may hold
