@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from runctl.ports import free_ports
+from services.launcher.rollout.cluster import LOCAL_HEAD_ENV
 from tests.conftest import wait_until
 
 START_TIMEOUT_S = 180  # a loaded CI host has taken over 90 s for the head and its dashboard
@@ -75,7 +76,7 @@ def ray_head(num_cpus: int = 1, num_gpus: int = 0, dashboard_port: int | None = 
     # and an orphan of an earlier run, would both claim them. The rest default to free ports, or (workers) to a
     # range the raylet checks before it hands a port out.
     args += [f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}"]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, **LOCAL_HEAD_ENV}
     log = (temp / "head.log").open("wb")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{dashboard}"

@@ -37,6 +37,11 @@ services.get_node = get_node
 try:
     found = cluster.connect(None, 1, timeout_s=60)
     result = {"nodes": len(found.nodes), "local": found.started_local_head}
+    raylets = [p for p in cluster._descendants(os.getpid()) if cluster._cmdline(p).split(" ")[0].endswith("/raylet")]
+    result["raylet_env"] = [
+        line for p in raylets for line in open(f"/proc/{p}/environ", "rb").read().decode().split(chr(0))
+        if line.split("=")[0] in cluster.LOCAL_HEAD_ENV
+    ]
 except EngineError as e:
     result = {"error": str(e)}
 def alive(pid):
@@ -71,6 +76,8 @@ def test_a_start_that_timed_out_is_cleaned_up_and_tried_again() -> None:
     assert result["left"] and result["left"][0] >= 2, result  # the GCS and the raylet at least  # type: ignore[index]
     assert result["left_alive"] == [], result
     assert result["after_release"] == [], result
+    # The head's raylet got runctl's environment: no usage statistics, no workers started ahead.
+    assert sorted(result["raylet_env"]) == ["RAY_USAGE_STATS_ENABLED=0", "RAY_prestart_worker_first_driver=0"]
 
 
 def test_two_timed_out_starts_fail_the_phase_with_the_fix() -> None:

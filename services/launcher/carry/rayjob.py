@@ -27,6 +27,7 @@ from typing import Any
 from runctl.home import disown_group, home, is_same_process, own_group, owned_groups, stop_group
 from runctl.ports import free_ports
 from services.launcher.errors import LauncherError
+from services.launcher.rollout.cluster import LOCAL_HEAD_ENV
 
 JOBS_URL_ENV = "RUNCTL_RAY_JOBS_URL"
 HEAD_NAME = "ray-head"
@@ -104,7 +105,7 @@ class RayJobs:
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+                env={**os.environ, **LOCAL_HEAD_ENV},
                 start_new_session=True,
             )
         head = LocalHead(f"http://127.0.0.1:{dashboard}", self._proc.pid, temp)
