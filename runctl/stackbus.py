@@ -26,7 +26,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from runctl.home import StackState, home, is_same_process, read_stack_state
-from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, server_config
+from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, nats_hash, server_config
 
 USERS_FILE = "bus-users.json"
 CONFIG_FILE = "nats.conf"
@@ -72,12 +72,10 @@ def stack_logins(base: Path, create: bool = False) -> dict[str, Login] | None:
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    import bcrypt
-
     doc = {}
     for user in (SERVICES_USER, ADMIN_USER):
         password = secrets.token_urlsafe(32)
-        doc[user] = {"password": password, "bcrypt": bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()}
+        doc[user] = {"password": password, "bcrypt": nats_hash(password)}
     base.mkdir(parents=True, exist_ok=True)
     write_private(path, json.dumps(doc, indent=2))
     return stack_logins(base)

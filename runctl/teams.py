@@ -32,6 +32,7 @@ from nats.js.kv import KeyValue
 from runctl.bus import Bus
 from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.errors import RunctlError
+from runctl.natsauth import nats_hash
 from runctl.subjects import kv_bucket
 
 log = logging.getLogger(__name__)
@@ -60,12 +61,6 @@ def team_of_token(token: str) -> str | None:
 
 def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def nats_hash(token: str) -> str:
-    import bcrypt
-
-    return bcrypt.hashpw(token.encode(), bcrypt.gensalt()).decode()
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,13 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import bcrypt
 import nats
 import pytest
 from nats.js import api
 
 from runctl.bus.client import stream_configs
 from runctl.events import RunQueued
-from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, inbox_prefix, server_config
+from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, inbox_prefix, nats_hash, server_config
 from runctl.stack import nats_server_binary
 from runctl.subjects import event_subject
 from tests.conftest import free_port, wait_until
@@ -29,7 +28,7 @@ QUEUED = event_subject("vision", "v-run", RunQueued.event_name)
 
 
 def hashed(name: str) -> NatsUser:
-    return NatsUser(name, bcrypt.hashpw(PASSWORDS[name].encode(), bcrypt.gensalt(rounds=4)).decode())
+    return NatsUser(name, nats_hash(PASSWORDS[name]))
 
 
 @dataclass

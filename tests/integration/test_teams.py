@@ -18,7 +18,7 @@ import pytest
 
 from runctl.bus import Bus
 from runctl.bus.kv import bucket_keys
-from runctl.natsauth import SERVICES_USER, NatsUser, inbox_prefix, server_config
+from runctl.natsauth import SERVICES_USER, NatsUser, inbox_prefix, nats_hash, server_config
 from runctl.stack import nats_server_binary
 from runctl.teams import BUCKET, TeamError, TeamRegistry, token_digest
 from tests.conftest import ROOT, NatsServer, free_port, login_refused, wait_until
@@ -36,6 +36,7 @@ async def test_a_token_is_shown_once_kept_as_hashes_and_checked(nats_server: Nat
         stored = [(await (await bus.js.key_value(BUCKET)).get(k)).value for k in await bucket_keys(bus.js, BUCKET)]
         assert stored and all(token.encode() not in (value or b"") for value in stored)
         assert team.token_sha256 == token_digest(token) and bcrypt.checkpw(token.encode(), team.nats_bcrypt.encode())
+        assert team.nats_bcrypt.startswith("$2b$04$")  # bcrypt's least cost: the token is 256 random bits
         assert (await registry.by_token(token)) == team and await registry.by_token(token[:-1] + "x") is None
         with pytest.raises(TeamError, match="exists already"):
             await registry.add("nlp", 1, 1, 1, 1)
@@ -94,7 +95,7 @@ async def test_a_rotated_token_is_cut_off_from_the_bus_within_seconds_of_the_rel
     admin_bus = await Bus.connect(nats_server.url)
     registry = TeamRegistry(admin_bus)
     _, old = await registry.add("nlp", gpus=1, cpus=1, sandboxes=1, weight=1)
-    services = NatsUser(SERVICES_USER, bcrypt.hashpw(b"svc", bcrypt.gensalt(rounds=4)).decode())
+    services = NatsUser(SERVICES_USER, nats_hash("svc"))
     port, conf = free_port(), tmp_path / "secured.conf"
 
     async def write_config() -> None:
@@ -147,7 +148,7 @@ async def test_a_team_watches_its_own_run_with_its_token_and_sees_no_other_teams
     registry = TeamRegistry(admin_bus)
     _, token = await registry.add("nlp", gpus=1, cpus=1, sandboxes=1, weight=1)
     await registry.add("vision", gpus=1, cpus=1, sandboxes=1, weight=1)
-    services = NatsUser(SERVICES_USER, bcrypt.hashpw(b"svc", bcrypt.gensalt(rounds=4)).decode())
+    services = NatsUser(SERVICES_USER, nats_hash("svc"))
     port, conf = free_port(), tmp_path / "secured.conf"
     users = [NatsUser(t.name, t.nats_bcrypt) for t in await registry.all()]
     conf.write_text(server_config(f"127.0.0.1:{port}", str(tmp_path / "js"), services, None, users))
