@@ -22,7 +22,7 @@ import httpx
 from runctl import tinymodel
 from runctl.loopback import _die_with_parent
 from services.launcher.rollout.groupwatch import command_env
-from tests.conftest import ROOT, free_port, wait_until
+from tests.conftest import ROOT, THREAD_ENV, free_port, wait_until
 from tests.infra.shared import locked
 
 MODEL_DIR = ROOT / ".cache" / "tinymodel"
@@ -43,8 +43,13 @@ def tiny_model() -> Path:
         return MODEL_DIR
     with locked(MODEL_DIR.parent / "tinymodel.lock"):
         if not tinymodel.is_made(MODEL_DIR):
+            # Every core: the suite makes it before its first test, while every worker waits (pytest_collection_
+            # finish), so the pools sized to a worker's share of the cores would leave the others idle (a fresh
+            # CI run taught it on one core of two for 140 s; on both it takes about 95).
+            cores = str(os.cpu_count() or 1)
+            env = os.environ | dict.fromkeys(THREAD_ENV, cores)
             made = subprocess.run(
-                [sys.executable, "-m", "runctl.tinymodel", str(MODEL_DIR)], capture_output=True, text=True
+                [sys.executable, "-m", "runctl.tinymodel", str(MODEL_DIR)], capture_output=True, text=True, env=env
             )
             if made.returncode != 0:
                 raise RuntimeError(f"making the tiny model failed: {made.stderr[-3000:]}")
