@@ -8,13 +8,19 @@
 # Elsewhere the tests that need Ray are skipped with that reason.
 #
 # The suite runs on as many pytest-xdist workers as the machine has cores (RUNCTL_TEST_WORKERS overrides; 0 runs it
-# in one process). Tests are handed out longest first, and the tests of a group (a
-# module with module-scoped fixtures, or an xdist_group mark) stay on one worker (tests/infra/schedule.py).
+# in one process), plus one light worker (RUNCTL_TEST_LIGHT_WORKERS overrides) that takes only short tests served by
+# no vLLM replica, shortest first: most of them wait more than they compute. Tests are handed out longest first, and
+# the tests of a group (a module with module-scoped fixtures, or an xdist_group mark) stay on one worker
+# (tests/infra/schedule.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/system-packages.sh test
 ./scripts/setup.sh
 count=${RUNCTL_TEST_WORKERS:-$(nproc)}
+light=${RUNCTL_TEST_LIGHT_WORKERS:-1}
+[ "$count" != 0 ] || light=0
+export RUNCTL_TEST_LIGHT_WORKERS=$light
+count=$((count + light))
 workers=(-n "$count")
 [ "$count" != 0 ] || workers=()
 if [ -z "${RUNCTL_LOOPBACK_NETNS:-}" ] && [ "$(id -u)" = 0 ] && command -v unshare >/dev/null \

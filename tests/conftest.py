@@ -43,7 +43,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # go under a cgroup parent of this worker's own, so the leftover check below sees only its own tests' cgroups.
     worker = getattr(config, "workerinput", {}).get("workerid", "main")
     os.environ[SANDBOX_CGROUP] = f"runctl-tests-{worker}"
-    share_the_cores(int(getattr(config, "workerinput", {}).get("workercount", 1)))
+    # The light workers' tests start no vLLM and no trainer: the pools are shared among the others.
+    from tests.infra.schedule import light_workers
+
+    share_the_cores(int(getattr(config, "workerinput", {}).get("workercount", 1)) - light_workers())
     if not hasattr(config, "workerinput"):
         _OPENED_RUN = shared.open_run()
         if _OPENED_RUN:  # not a pytest run started by a test (the README's test command is one)

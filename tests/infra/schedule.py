@@ -18,6 +18,12 @@ Groups:
 A unit with a test marked ``exclusive("reason")`` goes to a worker only while no other worker has an exclusive unit
 unfinished: the mark is for the few tests whose own work fills the machine (the reason says how), not for every long
 test; a long test must hold its verdict beside any other (docs/testing.md, "Under load").
+
+Light workers: ``RUNCTL_TEST_LIGHT_WORKERS`` (``scripts/test.sh`` sets it) names how many of the workers, the last
+ones, take only light units, shortest first from the queue's end: no test served by a vLLM replica (``vllm``,
+``served_model``), none exclusive, the unit measured at ``LIGHT_MAX_S`` or less. Most such tests wait (on a bus, a
+timeout, a reaper's round) more than they compute, and with one worker per core they were left for the end, where the
+two workers kept the cores about half busy for seven minutes; beside the long tests they fill the cores' idle time.
 """
 
 from __future__ import annotations
@@ -38,6 +44,23 @@ GROUPS_FILE = "groups.json"
 #: What a test not yet in DURATIONS is assumed to take, by its first marker found here.
 UNMEASURED_S = {"vllm": 120.0, "docker": 10.0, "integration": 10.0}
 UNMARKED_S = 0.5
+#: The longest unit a light worker takes: longer ones start Ray heads, trainers or whole stacks.
+LIGHT_MAX_S = 15.0
+LIGHT_WORKERS = "RUNCTL_TEST_LIGHT_WORKERS"
+
+
+def light_workers() -> int:
+    return int(os.environ.get(LIGHT_WORKERS) or 0)
+
+
+def is_light(unit: list[pytest.Item], cost_s: float) -> bool:
+    """Whether a light worker may take ``unit``: nothing in it served by vLLM or exclusive, and it is short."""
+    for item in unit:
+        if item.get_closest_marker("vllm") or item.get_closest_marker("exclusive"):
+            return False
+        if "served_model" in getattr(item, "fixturenames", ()):
+            return False
+    return cost_s <= LIGHT_MAX_S
 
 
 def measured() -> dict[str, float]:
@@ -84,29 +107,36 @@ def order(items: list[pytest.Item]) -> None:
     ranked = sorted(units, key=lambda key: -cost[key])  # stable: equal costs keep collection order
     items[:] = [item for key in ranked for item in units[key]]
     exclusive = [key for key in ranked if any(i.get_closest_marker("exclusive") for i in units[key])]
+    light = [key for key in ranked if is_light(units[key], cost[key])]
     # Every worker writes the same file; each replaces it whole, so the controller never reads half of one.
     path = shared.folder() / GROUPS_FILE
     partial = path.with_name(f"{GROUPS_FILE}.{os.getpid()}")
-    partial.write_text(json.dumps({"groups": groups, "exclusive": exclusive}))
+    partial.write_text(json.dumps({"groups": groups, "exclusive": exclusive, "light": light}))
     partial.replace(path)
 
 
 class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
-    """xdist's scope scheduling with the workers' groups as scopes, their collection order kept, and one exclusive
-    unit at a time: an exclusive unit goes to a worker only while no other worker has one unfinished, while the
-    other units fill the other workers."""
+    """xdist's scope scheduling with the workers' groups as scopes, their collection order kept, one exclusive
+    unit at a time (an exclusive unit goes to a worker only while no other worker has one unfinished, while the
+    other units fill the other workers), and the light workers taking light units from the queue's end."""
 
     def __init__(self, config: pytest.Config, log: Any = None) -> None:
         super().__init__(config, log)
         config.option.loadscopereorder = False  # the workers sorted the collection already
         self._groups: dict[str, str] | None = None
         self._exclusive: set[str] = set()
+        self._light: set[str] = set()
+        self._light_from = self.numnodes - min(light_workers(), self.numnodes - 1)
 
     def _load(self) -> dict[str, str]:
         if self._groups is None:  # first asked once every worker collected, so the file is there
             written = json.loads((shared.folder() / GROUPS_FILE).read_text())
             self._groups, self._exclusive = written["groups"], set(written["exclusive"])
+            self._light = set(written["light"])
         return self._groups
+
+    def _is_light_worker(self, node: Any) -> bool:
+        return int(str(node.gateway.id).removeprefix("gw")) >= self._light_from
 
     def _split_scope(self, nodeid: str) -> str:
         return self._load().get(nodeid, nodeid)
@@ -121,7 +151,12 @@ class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
 
     def _assign_work_unit(self, node: Any) -> None:
         self._load()
-        if self._exclusive_elsewhere(node):
+        if self._is_light_worker(node):
+            shortest = next((scope for scope in reversed(self.workqueue) if scope in self._light), None)
+            if shortest is None:
+                return  # nothing light left: this worker waits, and ends with the others
+            self.workqueue.move_to_end(shortest, last=False)
+        elif self._exclusive_elsewhere(node):
             other_unit = next((scope for scope in self.workqueue if scope not in self._exclusive), None)
             if other_unit is None:
                 return  # only exclusive units left: this worker waits for the other's to finish

@@ -1,0 +1,120 @@
+"""The suite's own xdist scheduler (tests/infra/schedule.py), driven as xdist's controller drives it: workers that
+record what they are sent and finish their tests one at a time, in turn."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.infra import schedule, shared
+
+#: unit -> (its tests, exclusive, light), in the order the workers sorted them (longest first).
+UNITS: dict[str, tuple[list[str], bool, bool]] = {
+    "demo": (["demo"], True, False),
+    "train": (["train"], True, False),
+    "runner": (["runner"], False, False),
+    "proxy": (["proxy_a", "proxy_b"], False, False),
+    "admission": (["admission"], False, True),
+    "bus": (["bus"], False, True),
+    "cli": (["cli_a", "cli_b"], False, True),
+    "served": (["served"], False, False),
+    "envfile": (["envfile"], False, True),
+    "units": (["units"], False, True),
+}
+COLLECTION = [test for tests, _, _ in UNITS.values() for test in tests]
+UNIT_OF = {test: unit for unit, (tests, _, _) in UNITS.items() for test in tests}
+LIGHT = [unit for unit, (_, _, light) in UNITS.items() if light]
+EXCLUSIVE = {unit for unit, (_, exclusive, _) in UNITS.items() if exclusive}
+
+
+@dataclass(eq=False)
+class Worker:
+    number: int
+    sent: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    shutting_down: bool = False
+
+    @property
+    def gateway(self) -> Any:
+        return SimpleNamespace(id=f"gw{self.number}")
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += [COLLECTION[i] for i in indices]
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+    def units(self) -> list[str]:
+        return list(dict.fromkeys(UNIT_OF[test] for test in self.sent))
+
+
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, light: int) -> list[Worker]:
+    """Schedule the collection on ``workers`` workers (the last ``light`` of them light) and drive it to the end,
+    checking at every step that no two workers hold an unfinished exclusive unit."""
+    monkeypatch.setenv(shared.ENV, str(tmp_path))
+    monkeypatch.setenv(schedule.LIGHT_WORKERS, str(light))
+    written = {"groups": UNIT_OF, "exclusive": sorted(EXCLUSIVE), "light": LIGHT}
+    (tmp_path / schedule.GROUPS_FILE).write_text(json.dumps(written))
+    config = SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace())
+    sched = schedule.GroupScheduling(config)
+    nodes = [Worker(n) for n in range(workers)]
+    for node in nodes:
+        sched.add_node(node)
+        sched.add_node_collection(node, COLLECTION)
+    sched.schedule()
+    while not sched.tests_finished:
+        moved = False
+        for node in nodes:
+            pending = [test for test in node.sent if test not in node.done]
+            if pending:
+                node.done.append(pending[0])
+                sched.mark_test_complete(node, COLLECTION.index(pending[0]))
+                moved = True
+            holding = {n.number for n in nodes for t in n.sent if t not in n.done and UNIT_OF[t] in EXCLUSIVE}
+            assert len(holding) <= 1, f"workers {holding} hold exclusive units at once"
+        assert moved, "no worker has work, and the queue is not empty"
+    assert sorted(test for node in nodes for test in node.sent) == sorted(COLLECTION), "a test sent twice or never"
+    return nodes
+
+
+def test_a_light_worker_takes_light_units_from_the_end_and_the_others_from_the_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second, light = run(tmp_path, monkeypatch, workers=3, light=1)
+    assert light.units() == ["units", "envfile", "cli"]  # shortest first, never "served"
+    # The others as before: the train run waits for the demo, then goes to the worker that ran it.
+    assert first.units() == ["demo", "train", "admission", "served"]
+    assert second.units() == ["runner", "proxy", "bus"]
+
+
+def test_without_light_workers_every_worker_takes_from_the_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = run(tmp_path, monkeypatch, workers=3, light=0)
+    assert [node.units() for node in nodes] == [
+        ["demo", "train", "cli"],
+        ["runner", "admission", "served", "envfile"],
+        ["proxy", "bus", "units"],
+    ]
+
+
+def test_the_light_count_leaves_one_full_worker_at_least(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (only,) = run(tmp_path, monkeypatch, workers=1, light=1)
+    assert only.units() == list(UNITS)
+
+
+def test_a_light_unit_is_short_and_served_by_no_replica() -> None:
+    def item(*markers: str, fixtures: tuple[str, ...] = ()) -> Any:
+        marks = {name: object() for name in markers}
+        return SimpleNamespace(get_closest_marker=marks.get, fixturenames=fixtures)
+
+    assert schedule.is_light([item("integration"), item()], schedule.LIGHT_MAX_S)
+    assert not schedule.is_light([item("integration")], schedule.LIGHT_MAX_S + 1)
+    assert not schedule.is_light([item(), item("vllm")], 1)
+    assert not schedule.is_light([item("exclusive")], 1)
+    assert not schedule.is_light([item(fixtures=("tmp_path", "served_model"))], 1)
