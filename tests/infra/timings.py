@@ -84,6 +84,8 @@ class Record:
     duration_s: float = 0.0
     outcome: str = "passed"
     worker: str = ""
+    ended_s: float = 0.0
+    """Seconds from the run's start to the test's last report (what ran at the end, and on which worker)."""
     started: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
 
     def starts(self) -> dict[str, int]:
@@ -124,6 +126,7 @@ class Timings:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = self.records[plain_nodeid(report.nodeid)]
         record.duration_s += report.duration
+        record.ended_s = time.monotonic() - self.began
         node = getattr(report, "node", None)  # xdist's controller names the worker that ran it
         if node is not None:
             record.worker = str(node.gateway.id)
@@ -140,7 +143,7 @@ class Timings:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         rows = {
             nodeid: {"duration_s": round(r.duration_s, 2), "outcome": r.outcome, "worker": r.worker,
-                     "starts": r.starts()}
+                     "ended_s": round(r.ended_s, 1), "starts": r.starts()}
             for nodeid, r in self.records.items()
         }  # fmt: skip
         wall_s = round(time.monotonic() - self.began, 1)
