@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # go under a cgroup parent of this worker's own, so the leftover check below sees only its own tests' cgroups.
     worker = getattr(config, "workerinput", {}).get("workerid", "main")
     os.environ[SANDBOX_CGROUP] = f"runctl-tests-{worker}"
-    # The light workers' tests start no vLLM and no trainer: the pools are shared among the others.
+    # The light workers' tests start no vLLM replica (and are short): the pools are shared among the others.
     from tests.infra.schedule import light_workers
 
     share_the_cores(int(getattr(config, "workerinput", {}).get("workercount", 1)) - light_workers())
@@ -263,9 +263,12 @@ def _start_nats(port: int, store: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
-    if proc.poll() is None:
+def _stop(*procs: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+    """SIGTERM to every one still running, all at once, then wait for each (SIGKILL after ``grace_s``)."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
         proc.send_signal(signal.SIGTERM)
+    for proc in running:
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
@@ -363,12 +366,7 @@ class Services:
     def stop_all(self) -> None:
         # All at once: each takes up to a second to stop (its consumers' fetch in hand times out first), so one after
         # another a test's teardown waited 2-3 s.
-        procs = [self.procs.pop(name) for name in list(self.procs)]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            _stop(proc)
+        _stop(*(self.procs.pop(name) for name in list(self.procs)))
         sweep_local_sandboxes(self.home)  # no sandbox service ran here to reap after a runner it stopped
 
 
