@@ -38,7 +38,7 @@ from services.sandbox.agents import make_agent  # noqa: E402
 from services.sandbox.backends.base import SandboxSpec  # noqa: E402
 from services.sandbox.backends.docker_backend import DockerBackend  # noqa: E402
 from services.sandbox.backends.local_backend import LocalBackend  # noqa: E402
-from services.sandbox.client import SandboxClient  # noqa: E402
+from services.sandbox.bus_client import SandboxBusClient  # noqa: E402
 from services.sandbox.trial import TrialRunner  # noqa: E402
 from tests.infra import docker_daemon  # noqa: E402
 
@@ -136,7 +136,7 @@ async def warm_acquire(host: str, scratch: Path, repeat: int) -> list[float]:
     samples: list[float] = []
     try:
         bus = await _connect(url)
-        client = SandboxClient(bus)
+        client = SandboxBusClient(bus)
         first = await _until_ready(client)  # also fills the pool
         await client.destroy(first)
         for _ in range(repeat):
@@ -168,7 +168,7 @@ async def _connect(url: str) -> Bus:
             await asyncio.sleep(0.2)
 
 
-async def _until_ready(client: SandboxClient):  # type: ignore[no-untyped-def]
+async def _until_ready(client: SandboxBusClient):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -179,7 +179,7 @@ async def _until_ready(client: SandboxClient):  # type: ignore[no-untyped-def]
             await asyncio.sleep(0.5)
 
 
-async def _pool_full(client: SandboxClient) -> None:
+async def _pool_full(client: SandboxBusClient) -> None:
     """Wait until the service reports a full warm pool (its health reply counts warm sandboxes)."""
     import json
 

@@ -1,10 +1,10 @@
 """The team registry: each team's quotas and weight (what the launcher admits against) and its token, kept only as
 hashes.
 
-A token is ``rct_<team>.`` and 256 random bits (43 URL-safe characters), shown once when a team is added or its
-token rotated; the team it names is who presents it (``team_of_token``), and the registry checks the rest. The
-registry keeps two hashes of it: SHA-256 for the API (a token has too much entropy for a fast hash to matter, and
-every request is checked), and bcrypt for ``nats-server``, which checks a bcrypt hash in place of a password
+A token (``runctl.tokens``: ``rct_<team>.`` and 256 random bits) is shown once when a team is added or its token
+rotated; the team it names is who presents it, and the registry checks the rest. The registry keeps two hashes of
+it: SHA-256 for the API (a token has too much entropy for a fast hash to matter, and every request is checked), and
+bcrypt for ``nats-server``, which checks a bcrypt hash in place of a password
 (``runctl.natsauth``): a team connects to the bus as user ``<team>`` with its token as password (``RUNCTL_TOKEN`` or
 a credentials file, read by the CLI and SDK for every call).
 
@@ -14,13 +14,11 @@ compare-and-set on the team's entry, so two admins never overwrite each other un
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
 import math
 import os
-import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, replace
@@ -34,33 +32,15 @@ from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.errors import RunctlError
 from runctl.natsauth import nats_hash
 from runctl.subjects import kv_bucket
+from runctl.tokens import TEAM_NAME, new_token, team_of_token, token_digest
 
 log = logging.getLogger(__name__)
 BUCKET = kv_bucket("teams")
-TOKEN_PREFIX = "rct_"
-_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 RESERVED = frozenset({"runctl", "admin", "default"})
 
 
 class TeamError(RunctlError):
     """A team registry operation that cannot be done (unknown team, name taken, bad name)."""
-
-
-def new_token(team: str) -> str:
-    return f"{TOKEN_PREFIX}{team}.{secrets.token_urlsafe(32)}"
-
-
-def team_of_token(token: str) -> str | None:
-    """The team a token names (not yet checked), or None when it is not a runctl token."""
-    head, dot, rest = token.partition(".")
-    if not head.startswith(TOKEN_PREFIX) or not dot or len(rest) < 43:
-        return None
-    team = head.removeprefix(TOKEN_PREFIX)
-    return team if _NAME.fullmatch(team) else None
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -96,7 +76,7 @@ class Team:
 
 
 def check_name(name: str) -> str:
-    if not _NAME.fullmatch(name) or name in RESERVED:
+    if not TEAM_NAME.fullmatch(name) or name in RESERVED:
         raise TeamError(
             f"{name!r} cannot be a team name. Fix: 1 to 32 characters, lower-case letters, digits, '-' and '_', "
             f"starting with a letter, and none of {', '.join(sorted(RESERVED))}."

@@ -34,6 +34,7 @@ from runctl.errors import BusError, BusUnreachableError, EventError, PublishErro
 from runctl.events.envelope import Event, parse_event
 from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
 from runctl.subjects import DEADLETTER_STREAM, deadletter_filter, deadletter_subject, event_filter, parse_event_subject
+from runctl.tokens import team_of_token
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,6 @@ def credentials() -> tuple[str, str] | None:
     Raises:
         BusError: the token given is not a runctl team token.
     """
-    from runctl.teams import team_of_token
-
     token = os.environ.get("RUNCTL_TOKEN", "").strip()
     if not token:
         from runctl.home import home

@@ -24,7 +24,6 @@ from runctl.errors import RunctlError
 from runctl.events import Event
 from runctl.events.payloads import CheckpointSaved, RunSucceeded
 from runctl.sdk import RunctlClient
-from services.launcher.evals import eval_run_id
 
 INFER = Path("configs/examples/infer-cpu.env")
 TRAIN = Path("configs/examples/train-cpu.env")
@@ -96,11 +95,11 @@ class Demo:
         return path
 
     async def submit(self, config: Path) -> str:
-        from runctl.cli.main import _checks, _refuse_fatal
+        from runctl.cli.app import checks, refuse_fatal
 
         resolved = load_config(config)
         # The live checks run their own event loop: in a thread of their own, beside this one.
-        _refuse_fatal(await asyncio.to_thread(_checks, resolved, True), "nothing was published or launched")
+        refuse_fatal(await asyncio.to_thread(checks, resolved, True), "nothing was published or launched")
         submitted = await self.client.submit(resolved, via="cli")
         self.console.print(f"submitted [bold]{submitted.run_id}[/] ({config})")
         return submitted.run_id
@@ -171,6 +170,8 @@ class Demo:
 
         # The launcher submits each checkpoint's eval run (and the base model's, as step 0) under a known id; those
         # still queued behind RUNCTL_MAX_EVALS_IN_FLIGHT are followed from their first event.
+        from services.launcher.library import eval_run_id
+
         async def scored(step: int) -> tuple[int, Score]:
             run_id = eval_run_id(train_run, step)
             label = f"eval step {step}" if step else "eval base model"

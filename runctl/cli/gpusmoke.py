@@ -21,7 +21,7 @@ TRAIN_GPU = Path("configs/examples/train-gpu.env")
 
 class GpuSmoke(Demo):
     async def run(self) -> int:
-        from services.launcher.evals import eval_run_id
+        from services.launcher.library import eval_run_id
 
         values = {"MODEL_PATH": str(Path(".cache/tinymodel").resolve()), "VENV_PATH": str(Path(".venv-gpu").resolve())}
         started = time.monotonic()

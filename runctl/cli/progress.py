@@ -56,7 +56,7 @@ async def run_with_progress(
 ) -> str:
     """Carry the run in the foreground, published on the stack's bus when one is up; return its end event's name."""
     from runctl.sdk import new_run_id, submission_event, tracker_url
-    from services.launcher.carry.foreground import BusMirror, run_foreground
+    from services.launcher.library import BusMirror, run_foreground
 
     config = resolved.model
     run_id = run_id or new_run_id(config.exp_name)

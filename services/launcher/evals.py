@@ -17,18 +17,12 @@ When an eval run ends, its checkpoint is no longer pinned, and the parent's chec
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import nats.js.errors
-from nats.js.kv import KeyValue
 
-from runctl.bus import Bus
-from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.config.envfile import quote
 from runctl.config.loader import load_config
 from runctl.config.models import TrainConfig, is_secret, keys_for
@@ -36,39 +30,19 @@ from runctl.errors import ConfigError, RunctlError
 from runctl.events import CheckpointSaved, ConfigSubmitted, EvalRequested, Event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import submission_event
-from runctl.subjects import event_subject, kv_bucket
+from runctl.subjects import event_subject
 from services.launcher.carry.books import Books
 from services.launcher.carry.lifecycle import run_dir_for
+from services.launcher.evalstore import EvalEntry, EvalStore, eval_run_id
 from services.launcher.trainer import checkpoints
 
 log = logging.getLogger(__name__)
 
-BUCKET = kv_bucket("evals")
 CAP_ENV = "RUNCTL_MAX_EVALS_IN_FLIGHT"
 DEFAULT_CAP = 2
-EvalState = Literal["queued", "submitted", "ended"]
 #: Keys an eval run of a checkpoint is given its own value for (the rest come from the train run, where they apply).
 OWN_KEYS = {"RUN_TYPE", "EXP_NAME", "MODEL_PATH", "DATASET_PATH", "N_TRIALS", "EVAL_TEMPERATURE", "N_CONCURRENT"}
 OWN_KEYS |= {"PARENT_RUN", "CHECKPOINT_STEP", "OUTPUT_DIR", "VLLM_READY_TIMEOUT", "ENGINE"}
-
-
-@dataclass
-class EvalEntry:
-    parent: str
-    team: str
-    step: int
-    checkpoint: str
-    eval_run: str
-    state: EvalState = "queued"
-    outcome: str = ""
-
-
-def eval_run_id(parent: str, step: int) -> str:
-    return f"{parent}-eval-s{step}"
-
-
-def key_of(parent: str, step: int) -> str:
-    return f"{parent}.{step}"
 
 
 def cap() -> int:
@@ -76,42 +50,6 @@ def cap() -> int:
         return max(1, int(os.environ.get(CAP_ENV, DEFAULT_CAP)))
     except ValueError:
         return DEFAULT_CAP
-
-
-class EvalStore:
-    def __init__(self, kv: KeyValue, bus: Bus) -> None:
-        self.kv = kv
-        self.bus = bus
-
-    @classmethod
-    async def open(cls, bus: Bus) -> EvalStore:
-        return cls(await open_bucket(bus.js, BUCKET), bus)
-
-    async def create(self, entry: EvalEntry) -> bool:
-        """Record a new eval; False when this checkpoint has one already."""
-        try:
-            await self.kv.create(key_of(entry.parent, entry.step), json.dumps(asdict(entry)).encode())
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return False
-        return True
-
-    async def put(self, entry: EvalEntry) -> None:
-        await self.kv.put(key_of(entry.parent, entry.step), json.dumps(asdict(entry)).encode())
-
-    async def entries(self, parent: str | None = None) -> list[EvalEntry]:
-        found = []
-        for key in await bucket_keys(self.bus.js, BUCKET, parent or ""):
-            try:
-                got = await self.kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                continue
-            if got.value:
-                found.append(EvalEntry(**json.loads(got.value)))
-        return sorted(found, key=lambda e: (e.parent, e.step))
-
-    async def pinned(self, parent: str) -> set[int]:
-        """Steps of ``parent`` whose eval run has not ended."""
-        return {e.step for e in await self.entries(parent) if e.state != "ended"}
 
 
 def eval_config_text(parent: ConfigSubmitted, parent_run: str, config: TrainConfig, step: int, checkpoint: str) -> str:

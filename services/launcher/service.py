@@ -49,7 +49,8 @@ from services.launcher.carry.books import Books, retrying
 from services.launcher.carry.inprocess import carry_in_process
 from services.launcher.carry.rayjob import RayJobs
 from services.launcher.errors import ForegroundRun, LauncherError
-from services.launcher.evals import Evals, EvalStore
+from services.launcher.evals import Evals
+from services.launcher.evalstore import EvalStore
 from services.launcher.ledger import Grant, Ledger, LedgerEntry, Queued
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from runctl.service import ServiceRuntime, run_service
 from runctl.tasks import Task
 from services.sandbox.backends.base import Backend, SandboxError
-from services.sandbox.service import DEFAULT_TEAM_CAP, SandboxService, scope_from_env, team_caps
+from services.sandbox.owners import DEFAULT_TEAM_CAP, scope_from_env, team_caps
+from services.sandbox.service import SandboxService
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from runctl.events import SandboxCreated, SandboxDestroyed
 from runctl.events.payloads import Payload
 from services.sandbox.backends.base import OWNER_LABEL, Backend, OwnedSandbox, Sandbox, SandboxSpec
 from services.sandbox.ledger import LedgerEntry, SandboxLedger, take_seat_within
-from services.sandbox.service import HEARTBEAT_S, SCOPE_LABEL, instance_name, scope_from_env, team_cap_from_env
+from services.sandbox.owners import HEARTBEAT_S, SCOPE_LABEL, instance_name, scope_from_env, team_cap_from_env
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,9 @@
-"""The sandbox service's public face: run one trial of a task on a backend, and check that a task is sound.
+"""The sandbox service's face: the one module of the sandbox service that code outside ``services/sandbox`` imports.
 
-``runctl task run`` and ``runctl task check`` call this in-process; the service runs the same code for runs.
+``runctl task run`` and ``runctl task check`` run one trial of a task on a backend, in-process, with the code the
+service runs. A run's runner opens a backend here, books its sandboxes in the service's ledger (:func:`booked`) and
+drives agents and trials through it. The validator's host probes ask here where a run's backend finds its daemon
+or cluster and whether the local backend can work on this machine: the runner asks the same functions.
 """
 
 from __future__ import annotations
@@ -15,9 +18,31 @@ from typing import Literal
 
 from runctl.config.models import RunConfig
 from runctl.tasks import Task, load_task
-from services.sandbox.agents import make_agent
-from services.sandbox.backends.base import Backend, SandboxError
-from services.sandbox.trial import TrialResult, TrialRunner
+from services.sandbox.agents import Agent, AgentOutcome, make_agent
+from services.sandbox.backends.base import Backend, Sandbox, SandboxError
+from services.sandbox.booked import booked
+from services.sandbox.trial import TrialLimits, TrialResult, TrialRunner
+
+__all__ = [
+    "CONFIG_BACKENDS",
+    "Agent",
+    "AgentOutcome",
+    "Backend",
+    "BackendSettings",
+    "Sandbox",
+    "SandboxError",
+    "TrialLimits",
+    "TrialRunner",
+    "booked",
+    "check_task",
+    "docker_host",
+    "kubeconfig_path",
+    "local_backend_problem",
+    "local_task_problem",
+    "make_agent",
+    "open_backend",
+    "run_task",
+]
 
 BackendName = Literal["docker", "local", "kubernetes"]
 BACKENDS: tuple[BackendName, ...] = ("docker", "local", "kubernetes")

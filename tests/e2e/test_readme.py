@@ -21,7 +21,7 @@ from runctl.config import TrainConfig, load_config
 from runctl.events import CheckpointSaved, new_event
 from runctl.home import read_stack_state
 from runctl.ports import free_ports
-from services.launcher.evals import eval_run_id
+from services.launcher.evalstore import eval_run_id
 from tests.conftest import ROOT, SANDBOX_CGROUP, admin_headers
 from tests.e2e.conftest import UP_ENV, Cli, admin_bus_url
 from tests.infra.vllm_server import VLLMServer

@@ -25,7 +25,8 @@ from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import submission_event
 from runctl.subjects import run_filter
 from services.launcher.carry.books import Books
-from services.launcher.evals import Evals, EvalStore, eval_run_id
+from services.launcher.evals import Evals
+from services.launcher.evalstore import EvalStore, eval_run_id
 from services.launcher.ledger import Ledger
 from tests.conftest import ROOT
 

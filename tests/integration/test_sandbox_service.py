@@ -22,7 +22,7 @@ from runctl.subjects import health_subject
 from services.sandbox.backends.base import SandboxError
 from services.sandbox.backends.docker_backend import DockerBackend
 from services.sandbox.backends.local_backend import LocalBackend, kill_cgroup
-from services.sandbox.client import SandboxClient
+from services.sandbox.bus_client import SandboxBusClient
 from services.sandbox.ledger import SandboxLedger
 from tests.conftest import ROOT, Services, async_wait_until, own_cgroup_parent
 
@@ -59,9 +59,9 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.fixture
-async def client(services: Services) -> AsyncIterator[SandboxClient]:
+async def client(services: Services) -> AsyncIterator[SandboxBusClient]:
     bus = await Bus.connect(services.nats_url, name="test-sandbox-client")
-    yield SandboxClient(bus)
+    yield SandboxBusClient(bus)
     await bus.close()
 
 
@@ -75,7 +75,7 @@ def slow_task(tmp_path: Path, seconds: int = 100) -> Path:
 
 
 async def test_trials_and_sandboxes_on_request(
-    scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    scope: str, services: Services, client: SandboxBusClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", "local")
     await asyncio.to_thread(services.start, "sandbox")
@@ -108,7 +108,7 @@ async def test_trials_and_sandboxes_on_request(
 
 
 async def test_a_team_over_its_cap_waits_or_is_refused(
-    scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch
+    scope: str, services: Services, client: SandboxBusClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", "local")
     monkeypatch.setenv("RUNCTL_SANDBOX_CAPS", "nlp=2")
@@ -127,7 +127,7 @@ async def test_a_team_over_its_cap_waits_or_is_refused(
 
 
 async def test_concurrent_creates_never_pass_the_cap_and_every_seat_is_given_back(
-    scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    scope: str, services: Services, client: SandboxBusClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", "local")
     monkeypatch.setenv("RUNCTL_SANDBOX_CAPS", "nlp=2")
@@ -149,7 +149,7 @@ async def test_concurrent_creates_never_pass_the_cap_and_every_seat_is_given_bac
 
 
 async def test_a_warm_sandbox_is_handed_out_and_the_pool_refills(
-    scope: str, services: Services, client: SandboxClient, monkeypatch: pytest.MonkeyPatch
+    scope: str, services: Services, client: SandboxBusClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RUNCTL_SANDBOX_BACKENDS", "local")
     monkeypatch.setenv("RUNCTL_SANDBOX_WARM", "1")
@@ -175,7 +175,7 @@ async def test_a_warm_sandbox_is_handed_out_and_the_pool_refills(
 
 
 async def test_the_reaper_cleans_up_after_a_killed_service(
-    scope: str, services: Services, client: SandboxClient, tmp_path: Path, backend: str
+    scope: str, services: Services, client: SandboxBusClient, tmp_path: Path, backend: str
 ) -> None:
     await asyncio.to_thread(services.start, "sandbox")
     task = slow_task(tmp_path)
@@ -245,7 +245,7 @@ asyncio.run(main(*sys.argv[1:]))
 
 
 async def test_a_killed_runners_sandboxes_are_in_the_ledger_and_reaped_within_30_s(
-    scope: str, services: Services, client: SandboxClient, tmp_path: Path, backend: str
+    scope: str, services: Services, client: SandboxBusClient, tmp_path: Path, backend: str
 ) -> None:
     await asyncio.to_thread(services.start, "sandbox")
     ready = tmp_path / "ready"

@@ -20,7 +20,8 @@ from runctl.bus import Bus
 from runctl.bus.kv import bucket_keys
 from runctl.natsauth import SERVICES_USER, NatsUser, inbox_prefix, nats_hash, server_config
 from runctl.stack import nats_server_binary
-from runctl.teams import BUCKET, TeamError, TeamRegistry, token_digest
+from runctl.teams import BUCKET, TeamError, TeamRegistry
+from runctl.tokens import token_digest
 from tests.conftest import ROOT, NatsServer, free_port, login_refused, wait_until
 
 pytestmark = pytest.mark.integration

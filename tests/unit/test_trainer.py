@@ -12,7 +12,8 @@ import pytest
 from runctl.config import TrainConfig, load_config, resolve_text
 from runctl.config.loader import validate_settings
 from runctl.events import ConfigSubmitted
-from services.launcher.evals import eval_config_text, eval_run_id
+from services.launcher.evals import eval_config_text
+from services.launcher.evalstore import eval_run_id
 from services.launcher.trainer import checkpoints
 from services.launcher.trainer.samples import Filters, balance_filtered, sample_of
 from services.launcher.trainer.settings import clip_range, grpo_kwargs, plan, task_order

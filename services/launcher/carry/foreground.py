@@ -112,7 +112,7 @@ class BusMirror:
 
     async def pinned(self, run_id: str) -> Callable[[], Awaitable[set[int]]]:
         """Which checkpoints of the run the stack's eval runs still read (MAX_CKPT_TO_KEEP spares them)."""
-        from services.launcher.evals import EvalStore
+        from services.launcher.evalstore import EvalStore
 
         try:
             store = await EvalStore.open(self.bus)

@@ -21,7 +21,7 @@ from runctl.service import SOURCE_PREFIX, setup_logging
 from runctl.subjects import event_subject
 from services.launcher.carry.books import Books
 from services.launcher.carry.inprocess import carry_in_process
-from services.launcher.evals import EvalStore
+from services.launcher.evalstore import EvalStore
 from services.launcher.ledger import Ledger
 
 

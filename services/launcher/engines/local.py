@@ -41,9 +41,8 @@ from services.launcher.trainer.loop import TrainLoop
 from services.launcher.weights.base import WeightSync
 from services.launcher.weights.fake import FakeSync
 from services.launcher.weights.reload import VllmReload
-from services.proxy.server import ProxyServer
-from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
-from services.sandbox.trial import TrialLimits
+from services.proxy.library import ProxyServer
+from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, TrialLimits, open_backend
 
 log = logging.getLogger(__name__)
 MODEL_FREE_AGENTS = ("oracle", "nop")

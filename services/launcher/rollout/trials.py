@@ -33,10 +33,8 @@ from runctl.tasks import Task
 from services.launcher.errors import EngineError
 from services.launcher.rollout.agents.installed import InstalledAgent
 from services.launcher.rollout.agents.terminal import TerminalAgent, trial_seed
-from services.proxy.server import ProxyServer
-from services.sandbox.agents import Agent, make_agent
-from services.sandbox.backends.base import Backend
-from services.sandbox.trial import TrialLimits, TrialRunner
+from services.proxy.library import ProxyServer
+from services.sandbox.library import Agent, Backend, TrialLimits, TrialRunner, make_agent
 
 log = logging.getLogger(__name__)
 RECORD = TRIAL_RECORD

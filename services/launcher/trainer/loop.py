@@ -31,7 +31,7 @@ from runctl.events import CheckpointSaved, StepDone
 from runctl.home import write_atomic
 from runctl.layout import TRAJECTORY, trial_folder
 from runctl.tasks import Task
-from services.launcher.engines.base import RunContext
+from services.launcher.context import RunContext
 from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import TrialLoop
 from services.launcher.trainer import checkpoints, grpo

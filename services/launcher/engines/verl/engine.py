@@ -221,7 +221,7 @@ class Reader:
 
 async def watch_replicas(ctx: RunContext, config: TrainConfig, proc: subprocess.Popen[bytes]) -> None:
     """``replicas.ready`` once verl's ``vllm_server_*`` actors serve (they start inside verl's set-up)."""
-    from services.proxy.replicas import ray_replica_addresses
+    from services.proxy.library import ray_replica_addresses
 
     while proc.poll() is None:
         try:

@@ -27,9 +27,8 @@ from runctl.layout import trial_folder
 from runctl.tasks import Task, load_task
 from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import LoopSettings, TrialLoop
-from services.proxy.server import ProxyServer
-from services.sandbox.backends.base import Backend
-from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
+from services.proxy.library import ProxyServer
+from services.sandbox.library import CONFIG_BACKENDS, Backend, BackendSettings, open_backend
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = Path("verl") / "runctl_config.json"
@@ -146,7 +145,7 @@ class TrialHost:
             return backend
         from runctl.bus import Bus
         from runctl.events import new_event
-        from services.sandbox.booked import booked
+        from services.sandbox.library import booked
 
         bus = await Bus.connect(url, name=f"runctl-verl-worker-{self.run_id}", reconnect=True, as_team=False)
         self._astack.push_async_callback(bus.close)
@@ -187,7 +186,7 @@ class TrialHost:
         actors of verl's (server URLs given, as in tests)."""
         if self.upstreams:
             return None
-        from services.proxy.replicas import ray_weight_versions
+        from services.proxy.library import ray_weight_versions
 
         versions = await asyncio.to_thread(ray_weight_versions)
         return max(versions) if versions else None

@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 
 from runctl.tasks import Task
-from services.sandbox.agents import AgentOutcome
-from services.sandbox.backends.base import Backend, Sandbox
+from services.sandbox.library import AgentOutcome, Backend, Sandbox
 
 RELAY_PORT = 8377
 SOCKET_DIR_INSIDE = "/runctl/proxy"

@@ -24,8 +24,7 @@ import httpx
 
 from runctl.tasks import Task
 from runctl.tinymodel import BASH_TOOL, TERMINAL_SYSTEM_PROMPT
-from services.sandbox.agents import AgentOutcome
-from services.sandbox.backends.base import Backend, Sandbox, SandboxError
+from services.sandbox.library import AgentOutcome, Backend, Sandbox, SandboxError
 
 SYSTEM_PROMPT = TERMINAL_SYSTEM_PROMPT
 OUTPUT_LIMIT = 8000

@@ -1,6 +1,9 @@
-"""The sandbox service's client: what a runner (or any worker) uses to get sandboxes and run trials over the bus.
+"""A client of the sandbox service's request API on the bus: create, exec, upload, download and destroy a
+sandbox, or run a whole trial, by NATS request/reply to the service's instances.
 
-Errors the service reports come back as :class:`SandboxError` with the service's message and cause.
+Runs do not use it: their runners open a backend themselves and book its sandboxes in the service's ledger
+(``booked.py``). The service's tests and ``bench/sandbox.py`` drive the service through it, as any other worker
+could. Errors the service reports come back as :class:`SandboxError` with the service's message and cause.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class RemoteSandbox:
     backend: str
 
 
-class SandboxClient:
+class SandboxBusClient:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
 

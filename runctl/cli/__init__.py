@@ -1,0 +1,1 @@
+"""The ``runctl`` command: one module per command group; ``main`` assembles them."""

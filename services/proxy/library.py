@@ -1,0 +1,19 @@
+"""The proxy's face: the one module of the proxy that code outside ``services/proxy`` imports.
+
+A run's runner (``ENGINE=local`` and verl's host) serves its trials through an in-process :class:`ProxyServer`;
+verl's engine finds the replicas verl started as Ray actors; ``runctl proxy serve`` runs the standalone proxy.
+"""
+
+from services.proxy.replicas import parse_upstream, ray_replica_addresses, ray_weight_versions
+from services.proxy.server import DEFAULT_ALIASES, ProxyServer
+from services.proxy.standalone import serve, use_fast_loop
+
+__all__ = [
+    "DEFAULT_ALIASES",
+    "ProxyServer",
+    "parse_upstream",
+    "ray_replica_addresses",
+    "ray_weight_versions",
+    "serve",
+    "use_fast_loop",
+]

@@ -1,0 +1,1 @@
+"""The sandbox backends behind one interface (``base.Backend``): local (bubblewrap), docker, kubernetes."""
