@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from runctl.ports import free_port, free_ports  # noqa: E402
 from services.proxy.http11 import UpstreamClient  # noqa: E402
-from services.proxy.standalone import ADMIN_TOKEN_ENV, use_fast_loop  # noqa: E402
+from services.proxy.settings import ADMIN_TOKEN_ENV  # noqa: E402
+from services.proxy.standalone import use_fast_loop  # noqa: E402
 
 TARGETS = {"added_p50_ms": 1.0, "added_p99_ms": 5.0, "rps_64": 1400.0, "vllm_tokens_ratio": 0.95}
 

@@ -15,14 +15,17 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from nats.aio.msg import Msg
 
 from runctl.bus.client import BatchHandler, Bus, Consumer, ConsumerSpec, masked_url
-from runctl.errors import log_failure
+from runctl.errors import RunctlError, log_failure
 from runctl.metrics import Gauge, Registry
 from runctl.subjects import health_subject
+
+if TYPE_CHECKING:
+    from runctl.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
@@ -215,15 +218,35 @@ class ServiceRuntime:
         log.info("stopped")
 
 
-def run_service(main: Callable[[ServiceRuntime], Awaitable[None]], name: str) -> None:
-    """Entry point helper for ``python -m services.<name>``: logging, the runtime, and asyncio."""
+S = TypeVar("S", bound="ServiceSettings")
+
+
+@overload
+def run_service(main: Callable[[ServiceRuntime], Awaitable[None]], name: str) -> None: ...
+
+
+@overload
+def run_service(main: Callable[[ServiceRuntime, S], Awaitable[None]], name: str, settings: type[S]) -> None: ...
+
+
+def run_service(main: Callable[..., Awaitable[None]], name: str, settings: type[ServiceSettings] | None = None) -> None:
+    """Entry point helper for ``python -m services.<name>``: logging, the service's settings, the runtime, asyncio.
+
+    ``settings`` (the service's settings model) is read from the environment before anything starts, and handed to
+    ``main`` with the runtime: a value it cannot take stops the service at once with one line naming it.
+    """
     setup_logging(name)
 
     async def go() -> None:
+        configured = settings.from_env() if settings is not None else None
         runtime = ServiceRuntime(name)
         await runtime.start()
-        await main(runtime)
+        await (main(runtime) if configured is None else main(runtime, configured))
         runtime.ready = True  # consumers exist: health now says the service is doing its job
         await runtime.serve()
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except RunctlError as e:  # a setting it cannot take, a bus it cannot reach: one line that names the fix
+        logging.getLogger(name).error("%s cannot start: %s: %s", name, type(e).__name__, e.message)
+        raise SystemExit(1) from None

@@ -1,4 +1,5 @@
-"""Generate what is written from code, not by hand: config templates, the README's config table and event catalogue.
+"""Generate what is written from code, not by hand: config templates, the README's config table and event catalogue,
+and the services' settings tables in docs/services.md.
 
 python scripts/gen_docs.py           # rewrite them
 python scripts/gen_docs.py --check   # exit 1 if any is stale (a test runs this)
@@ -42,10 +43,29 @@ def check_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def _splice(text: str, marker: str, body: str) -> str:
+#: Each service's settings model, as (service, module, class).
+SETTINGS = [
+    ("launcher", "services.launcher.settings", "LauncherSettings"),
+    ("proxy", "services.proxy.settings", "ProxySettings"),
+    ("sandbox", "services.sandbox.settings", "SandboxSettings"),
+    ("tracker", "services.tracker.settings", "TrackerSettings"),
+    ("validator", "services.validator.settings", "ValidatorSettings"),
+]
+
+
+def settings_table(module: str, name: str) -> str:
+    import importlib
+
+    model = getattr(importlib.import_module(module), name)
+    rows = ["| variable | default | what it is |", "|---|---|---|"]
+    rows += [f"| `{var}` | `{default}` | {doc.replace('``', '`')} |" for var, default, doc in model.documented()]
+    return "\n".join(rows) + "\n"
+
+
+def _splice(text: str, marker: str, body: str, where: str = "README.md") -> str:
     pattern = re.compile(rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)", re.S)
     if not pattern.search(text):
-        raise SystemExit(f"README.md lacks the <!-- {marker}:start/end --> markers")
+        raise SystemExit(f"{where} lacks the <!-- {marker}:start/end --> markers")
     return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
 
 
@@ -57,6 +77,11 @@ def expected() -> dict[Path, str]:
     text = _splice(text, "event-catalogue", event_catalogue())
     text = _splice(text, "check-table", check_table())
     files[readme] = text
+    services_doc = ROOT / "docs" / "services.md"
+    text = services_doc.read_text()
+    for service, module, name in SETTINGS:
+        text = _splice(text, f"settings-{service}", settings_table(module, name), "docs/services.md")
+    files[services_doc] = text
     return files
 
 

@@ -1,4 +1,4 @@
-"""The help text of every config key: the docstring written under its field in ``models.py``.
+"""The help text of every config key (and of every service setting): the docstring written under its field.
 
 Read from the source with ``ast`` when first asked (templates, the README, error messages), not when the models
 are defined: pydantic's ``use_attribute_docstrings`` does the same work for every model at import, which doubled
@@ -15,10 +15,11 @@ from pydantic import BaseModel
 
 
 @cache
-def _docs_by_class() -> dict[str, dict[str, str]]:
-    from runctl.config import models
+def _docs_by_class(module_name: str) -> dict[str, dict[str, str]]:
+    """Per class of the module: each field's docstring, as written under it."""
+    import sys
 
-    tree = ast.parse(inspect.getsource(models))
+    tree = ast.parse(inspect.getsource(sys.modules[module_name]))
     docs: dict[str, dict[str, str]] = {}
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):
@@ -39,9 +40,10 @@ def _docs_by_class() -> dict[str, dict[str, str]]:
 
 def field_doc(model: type[BaseModel], field: str) -> str:
     """The docstring of ``field`` as ``model`` (or the nearest class it inherits it from) defines it, on one line."""
-    docs = _docs_by_class()
     for cls in model.__mro__:
-        text = docs.get(cls.__name__, {}).get(field)
+        if not cls.__module__.startswith(("runctl.", "services.")):
+            continue  # pydantic's own classes: no field of ours is documented there
+        text = _docs_by_class(cls.__module__).get(cls.__name__, {}).get(field)
         if text is not None:
             return " ".join(text.split())
     return ""

@@ -18,11 +18,11 @@ launcher derives the queue and the usage from the event log and the ledger, and 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runctl.config.models import RunConfig, TrainConfig
+from services.launcher.settings import LauncherSettings
 
 RESOURCES = ("gpus", "cpus", "sandboxes")
 PRIORITIES = {"high": 2, "normal": 1, "low": 0}
@@ -239,13 +239,7 @@ def granted(config: RunConfig) -> dict[str, float]:
     return out
 
 
-def cluster_capacity(environ: Mapping[str, str] | None = None) -> Resources:
+def cluster_capacity(settings: LauncherSettings) -> Resources:
     """The cluster's size, as its site says (``RUNCTL_CLUSTER_GPUS``, ``_CPUS``, ``_SANDBOXES``); a resource not
     given is not limited (the embedded stack's single user is never queued for it)."""
-    env = os.environ if environ is None else environ
-
-    def read(name: str) -> float:
-        text = env.get(f"RUNCTL_CLUSTER_{name}", "").strip()
-        return float(text) if text else math.inf
-
-    return Resources(read("GPUS"), read("CPUS"), read("SANDBOXES"))
+    return Resources(settings.cluster_gpus, settings.cluster_cpus, settings.cluster_sandboxes)

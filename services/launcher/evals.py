@@ -18,7 +18,6 @@ When an eval run ends, its checkpoint is no longer pinned, and the parent's chec
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import nats.js.errors
@@ -38,18 +37,9 @@ from services.launcher.trainer import checkpoints
 
 log = logging.getLogger(__name__)
 
-CAP_ENV = "RUNCTL_MAX_EVALS_IN_FLIGHT"
-DEFAULT_CAP = 2
 #: Keys an eval run of a checkpoint is given its own value for (the rest come from the train run, where they apply).
 OWN_KEYS = {"RUN_TYPE", "EXP_NAME", "MODEL_PATH", "DATASET_PATH", "N_TRIALS", "EVAL_TEMPERATURE", "N_CONCURRENT"}
 OWN_KEYS |= {"PARENT_RUN", "CHECKPOINT_STEP", "OUTPUT_DIR", "VLLM_READY_TIMEOUT", "ENGINE"}
-
-
-def cap() -> int:
-    try:
-        return max(1, int(os.environ.get(CAP_ENV, DEFAULT_CAP)))
-    except ValueError:
-        return DEFAULT_CAP
 
 
 def eval_config_text(parent: ConfigSubmitted, parent_run: str, config: TrainConfig, step: int, checkpoint: str) -> str:
@@ -85,9 +75,11 @@ def eval_config_text(parent: ConfigSubmitted, parent_run: str, config: TrainConf
 class Evals:
     """The launcher's part: see the module docstring."""
 
-    def __init__(self, books: Books, store: EvalStore) -> None:
+    def __init__(self, books: Books, store: EvalStore, max_in_flight: int = 2) -> None:
         self.books = books
         self.store = store
+        self.max_in_flight = max_in_flight
+        """RUNCTL_MAX_EVALS_IN_FLIGHT (settings.LauncherSettings)."""
 
     async def on_admitted(self, team: str, run_id: str, config: TrainConfig) -> None:
         """A train run with EVAL_ON_CHECKPOINT=1 was admitted: its base model is scored as step 0, so that the first
@@ -125,7 +117,7 @@ class Evals:
 
     async def dispatch(self) -> None:
         entries = await self.store.entries()
-        room = cap() - sum(1 for e in entries if e.state == "submitted")
+        room = self.max_in_flight - sum(1 for e in entries if e.state == "submitted")
         for entry in [e for e in entries if e.state == "queued"][: max(0, room)]:
             await self.submit(entry)
 

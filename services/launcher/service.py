@@ -52,6 +52,7 @@ from services.launcher.errors import ForegroundRun, LauncherError
 from services.launcher.evals import Evals
 from services.launcher.evalstore import EvalStore
 from services.launcher.ledger import Grant, Ledger, LedgerEntry, Queued
+from services.launcher.settings import LauncherSettings
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,11 @@ class Launcher:
         on_fatal: Callable[[], None] | None = None,
         jobs: RayJobs | None = None,
         evals: EvalStore | None = None,
+        settings: LauncherSettings | None = None,
     ) -> None:
+        self.settings = settings or LauncherSettings.from_env()
         self.books = Books(bus, ledger, source)
-        self.evals = Evals(self.books, evals) if evals is not None else None
+        self.evals = Evals(self.books, evals, self.settings.max_evals_in_flight) if evals is not None else None
         self.ledger = ledger
         self.on_fatal = on_fatal or (lambda: None)
         self.job_carrier = JobCarrier(self.books, jobs) if jobs is not None else None
@@ -155,7 +158,9 @@ class Launcher:
                 for run_id, q in waiting.items()
                 if run_id not in grants
             ]
-            decision = decide(queue, usage, await self._quotas({q.team for q in waiting.values()}), cluster_capacity())
+            decision = decide(
+                queue, usage, await self._quotas({q.team for q in waiting.values()}), cluster_capacity(self.settings)
+            )
             for run in decision.admitted:
                 await self._admit(run.run_id, waiting[run.run_id])
             for run_id, place in decision.waiting.items():
@@ -286,12 +291,12 @@ class Launcher:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
 
-async def main(runtime: ServiceRuntime) -> None:
+async def main(runtime: ServiceRuntime, settings: LauncherSettings) -> None:
     assert runtime.bus is not None
-    jobs = RayJobs()
+    jobs = RayJobs(settings.ray_jobs_url)
     bus = runtime.bus
     launcher = Launcher(
-        bus, await Ledger.open(bus), runtime.source, runtime.request_stop, jobs, await EvalStore.open(bus)
+        bus, await Ledger.open(bus), runtime.source, runtime.request_stop, jobs, await EvalStore.open(bus), settings
     )
     runtime.health_info(lambda: {"active_runs": sorted(launcher.tasks), "pid": os.getpid()})
 

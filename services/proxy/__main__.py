@@ -1,10 +1,8 @@
 """``python -m services.proxy``: the proxy as a runctl service (health on the bus, the HTTP proxy alongside).
 
-Environment: ``RUNCTL_PROXY_UPSTREAMS`` (comma-separated ``http://HOST:PORT`` replicas), ``RUNCTL_PROXY_DISCOVER_RAY``
-(``1``: also the ``vllm_server_*`` actors of the Ray cluster at ``RAY_ADDRESS``), ``RUNCTL_PROXY_HOST`` (127.0.0.1),
-``RUNCTL_PROXY_PORT`` (0: a free port), ``RUNCTL_PROXY_TRAJECTORY_DIR`` (``$RUNCTL_HOME/trajectories``),
-``RUNCTL_PROXY_ADMIN_TOKEN`` (generated when unset). The URL and admin token are written to
-``$RUNCTL_HOME/proxy.json`` (readable by its owner only) and the URL is in the health reply.
+Its settings (``RUNCTL_PROXY_*``, ``RAY_ADDRESS``) are ``settings.ProxySettings``, listed in docs/services.md. The URL
+and admin token are written to ``$RUNCTL_HOME/proxy.json`` (readable by its owner only) and the URL is in the health
+reply.
 """
 
 from __future__ import annotations
@@ -15,19 +13,19 @@ import os
 from runctl.home import home as runctl_home
 from runctl.service import ServiceRuntime, run_service
 from services.proxy.server import ProxyServer
+from services.proxy.settings import ProxySettings
 
 
-async def main(runtime: ServiceRuntime) -> None:
-    upstreams = [u.strip() for u in os.environ.get("RUNCTL_PROXY_UPSTREAMS", "").split(",") if u.strip()]
+async def main(runtime: ServiceRuntime, settings: ProxySettings) -> None:
     home = runctl_home()
     proxy = ProxyServer(
-        upstreams,
-        host=os.environ.get("RUNCTL_PROXY_HOST", "127.0.0.1"),
-        port=int(os.environ.get("RUNCTL_PROXY_PORT", "0")),
-        trajectory_dir=os.environ.get("RUNCTL_PROXY_TRAJECTORY_DIR") or home / "trajectories",
-        admin_token=os.environ.get("RUNCTL_PROXY_ADMIN_TOKEN") or None,
-        discover_ray=os.environ.get("RUNCTL_PROXY_DISCOVER_RAY", "0") == "1",
-        ray_address=os.environ.get("RAY_ADDRESS"),
+        settings.upstreams,
+        host=settings.host,
+        port=settings.port,
+        trajectory_dir=settings.trajectory_dir or home / "trajectories",
+        admin_token=settings.admin_token,
+        discover_ray=settings.discover_ray,
+        ray_address=settings.ray_address,
     )
     await proxy.start()
     runtime.on_stop(proxy.close)
@@ -47,4 +45,4 @@ async def main(runtime: ServiceRuntime) -> None:
 
 
 if __name__ == "__main__":
-    run_service(main, "proxy")
+    run_service(main, "proxy", ProxySettings)

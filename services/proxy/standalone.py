@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from pathlib import Path
 
 from services.proxy.server import DEFAULT_ALIASES, ProxyServer
-
-ADMIN_TOKEN_ENV = "RUNCTL_PROXY_ADMIN_TOKEN"
+from services.proxy.settings import ADMIN_TOKEN_ENV, ProxySettings
 
 
 def use_fast_loop() -> None:
@@ -37,7 +35,7 @@ async def serve(
     ready: asyncio.Event | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; then stop taking requests, finish those in flight and close open sessions."""
-    token = os.environ.get(ADMIN_TOKEN_ENV) or None
+    token = ProxySettings.from_env().admin_token
     proxy = ProxyServer(
         upstreams,
         host=host,

@@ -25,7 +25,8 @@ from runctl.events import SandboxCreated, SandboxDestroyed
 from runctl.events.payloads import Payload
 from services.sandbox.backends.base import OWNER_LABEL, Backend, OwnedSandbox, Sandbox, SandboxSpec
 from services.sandbox.ledger import LedgerEntry, SandboxLedger, take_seat_within
-from services.sandbox.owners import HEARTBEAT_S, SCOPE_LABEL, instance_name, scope_from_env, team_cap_from_env
+from services.sandbox.owners import HEARTBEAT_S, SCOPE_LABEL, instance_name
+from services.sandbox.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,8 @@ async def booked(
 
     beating = asyncio.create_task(beat())
     try:
-        yield BookedBackend(inner, ledger, loop, owner, team, run_id, team_cap_from_env(team), scope_from_env(), emit)
+        settings = SandboxSettings.from_env()  # the service's settings: the same cap and scope as its own sandboxes
+        yield BookedBackend(inner, ledger, loop, owner, team, run_id, settings.cap_of(team), settings.scope, emit)
     finally:
         beating.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -8,7 +8,6 @@ or cluster and whether the local backend can work on this machine: the runner as
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from runctl.tasks import Task, load_task
 from services.sandbox.agents import Agent, AgentOutcome, make_agent
 from services.sandbox.backends.base import Backend, Sandbox, SandboxError
 from services.sandbox.booked import booked
+from services.sandbox.settings import SandboxSettings, docker_host, kubeconfig_path
 from services.sandbox.trial import TrialLimits, TrialResult, TrialRunner
 
 __all__ = [
@@ -48,19 +48,6 @@ BackendName = Literal["docker", "local", "kubernetes"]
 BACKENDS: tuple[BackendName, ...] = ("docker", "local", "kubernetes")
 #: The config's BACKEND values, as backend names.
 CONFIG_BACKENDS: dict[str, BackendName] = {"local": "local", "docker": "docker", "k8s": "kubernetes"}
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
-
-
-def docker_host(configured: str | None = None) -> str:
-    """The Docker daemon a run uses: its DOCKER_HOST key, else ``$DOCKER_HOST``, else the local socket. The
-    validator's probe and the runner both ask this, so they talk to the same daemon."""
-    return configured or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
-
-
-def kubeconfig_path(configured: str | None = None) -> str | None:
-    """The kubeconfig a run uses: its KUBECONFIG key, else ``$KUBECONFIG``; None means in-cluster credentials. The
-    validator's probe and the runner both ask this."""
-    return configured or os.environ.get("KUBECONFIG") or None
 
 
 @dataclass(frozen=True)
@@ -109,7 +96,7 @@ def open_backend(
     if name == "local":
         from services.sandbox.backends.local_backend import LocalBackend
 
-        local = LocalBackend(cgroup_parent=os.environ.get("RUNCTL_SANDBOX_CGROUP", "runctl"))  # as the service's
+        local = LocalBackend(cgroup_parent=SandboxSettings.from_env().cgroup)  # as the service's
         try:
             yield local, local.task_root
         finally:
@@ -120,7 +107,7 @@ def open_backend(
 
         kube = KubernetesBackend(
             kubeconfig=kubeconfig_path(settings.kubeconfig),
-            namespace=settings.namespace or os.environ.get("K8S_NAMESPACE", "runctl"),
+            namespace=settings.namespace or SandboxSettings.from_env().k8s_namespace,
             startup_timeout_s=settings.pod_startup_timeout_s,
             active_deadline_s=settings.pod_active_deadline_s,
         )

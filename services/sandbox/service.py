@@ -53,7 +53,6 @@ from services.sandbox.backends.base import (
 from services.sandbox.backends.files import extract_tar, tar_of
 from services.sandbox.ledger import LedgerEntry, SandboxLedger, take_seat_within
 from services.sandbox.owners import (
-    DEFAULT_TEAM_CAP,
     HEARTBEAT_S,
     REAP_EVERY_S,
     RUN_LABEL,
@@ -63,6 +62,7 @@ from services.sandbox.owners import (
     TRIAL_LABEL,
     instance_name,
 )
+from services.sandbox.settings import SandboxSettings
 from services.sandbox.trial import TrialRunner, sandbox_spec
 
 log = logging.getLogger(__name__)
@@ -98,22 +98,18 @@ class SandboxService:
         self,
         runtime: ServiceRuntime,
         backends: dict[str, tuple[Backend, Callable[[Task], str | None]]],
-        caps: dict[str, int] | None = None,
-        default_cap: int = DEFAULT_TEAM_CAP,
-        scope: str = "default",
+        settings: SandboxSettings,
         max_threads: int = 512,
-        warm: int = 0,
     ) -> None:
         self.runtime = runtime
         self.backends = backends
-        self.caps = caps or {}
-        self.default_cap = default_cap
-        self.scope = scope
+        self.settings = settings
+        self.scope = settings.scope
         """Sandboxes this deployment owns carry it; the reaper never looks at others (another install's)."""
         self.instance = instance_name()
         self.live: dict[str, tuple[Backend, Sandbox, LedgerEntry]] = {}
         self.pending: set[str] = set()
-        self.warm = warm
+        self.warm = settings.warm
         """Sandboxes kept ready per kind (backend and spec less id and labels), so a create does not wait."""
         self.pool: dict[str, list[Sandbox]] = {}
         self.refilling: set[str] = set()
@@ -347,7 +343,7 @@ class SandboxService:
         """One of the team's seats (its cap's worth), waiting for one up to ``wait_s`` (see ledger.py: seats taken
         at the same moment on several instances are ordered, so the cap holds across all of them)."""
         assert self.ledger is not None
-        cap = self.caps.get(team, self.default_cap)
+        cap = self.settings.cap_of(team)
         return await take_seat_within(self.ledger, team, self.instance, cap, wait_s, self.slot_freed)
 
     async def _give_back(self, team: str, seat: str) -> None:

@@ -5,6 +5,6 @@
 
 from services.tracker.db import make_engine
 from services.tracker.rebuild import rebuild
-from services.tracker.service import db_url
+from services.tracker.settings import db_url
 
 __all__ = ["db_url", "make_engine", "rebuild"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator
 
@@ -21,7 +20,6 @@ from sqlalchemy.orm import Session
 from runctl.bus import Bus, ConsumerSpec, Delivery
 from runctl.events import Event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
-from runctl.home import home
 from runctl.metrics import Gauge
 from runctl.service import ServiceRuntime
 from runctl.subjects import persisted_subject
@@ -31,23 +29,14 @@ from services.tracker.auth import TokenAuth, admin_token
 from services.tracker.db import EventRow, make_engine
 from services.tracker.live import Notifier
 from services.tracker.projection import project
+from services.tracker.settings import TrackerSettings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 8750
 CONSUMERS = [
     ConsumerSpec(durable="tracker-runs", stream=RUNS_STREAM, filter_subjects=[], batch=256),
     ConsumerSpec(durable="tracker-trials", stream=TRIALS_STREAM, filter_subjects=[], batch=256),
 ]
-
-
-def db_url() -> str:
-    """``$RUNCTL_DB_URL``, else SQLite at ``$RUNCTL_HOME/tracker.db``."""
-    if os.environ.get("RUNCTL_DB_URL"):
-        return os.environ["RUNCTL_DB_URL"]
-    base = home()
-    base.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{base / 'tracker.db'}"
 
 
 class Projector:
@@ -85,9 +74,9 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def main(runtime: ServiceRuntime) -> None:
+async def main(runtime: ServiceRuntime, settings: TrackerSettings) -> None:
     assert runtime.bus is not None
-    url = db_url()
+    url = settings.database()
     engine = make_engine(url)
     notifier = Notifier()
     projector = Projector(engine, runtime.bus, notifier)
@@ -103,8 +92,7 @@ async def main(runtime: ServiceRuntime) -> None:
     )
     clients = Gauge("runctl_tracker_live_clients", "Open live-update streams.", (), lambda: {(): notifier.num_clients})
     metrics.add(clients)
-    host = os.environ.get("RUNCTL_TRACKER_HOST", "127.0.0.1")
-    port = int(os.environ.get("RUNCTL_TRACKER_PORT", DEFAULT_PORT))
+    host, port = settings.host, settings.port
     registry = TeamRegistry(runtime.bus)
 
     async def team_of(token: str) -> str | None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runctl.config.models import RunConfig, RunType
 from runctl.events.checks import CheckResult, Severity
 from services.validator.facts import FactsUnavailable, ModelFacts, read_facts
+
+if TYPE_CHECKING:
+    from services.validator.settings import ValidatorSettings
 
 ALL_RUN_TYPES: frozenset[RunType] = frozenset({"train", "eval", "infer"})
 T = TypeVar("T")
@@ -61,6 +64,13 @@ class Context:
             self._memo[key] = compute()
         result: T = self._memo[key]
         return result
+
+    @property
+    def settings(self) -> ValidatorSettings:
+        """The environment's settings the probes read (``settings.ValidatorSettings``), read at the first ask."""
+        from services.validator.settings import ValidatorSettings
+
+        return self.memo("settings", ValidatorSettings.from_env)
 
     @classmethod
     def build(cls, config: RunConfig, live: bool = False, host: bool = False) -> Context:

@@ -28,6 +28,7 @@ from services.launcher.carry.books import Books
 from services.launcher.evals import Evals
 from services.launcher.evalstore import EvalStore, eval_run_id
 from services.launcher.ledger import Ledger
+from services.launcher.settings import LauncherSettings
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -67,7 +68,9 @@ async def run_events(bus: Bus, run_id: str) -> list[Any]:
 
 
 async def launcher_evals(bus: Bus) -> Evals:
-    return Evals(Books(bus, await Ledger.open(bus), "/runctl/launcher"), await EvalStore.open(bus))
+    """The launcher's evals, with RUNCTL_MAX_EVALS_IN_FLIGHT as this environment sets it (as the service reads it)."""
+    books = Books(bus, await Ledger.open(bus), "/runctl/launcher")
+    return Evals(books, await EvalStore.open(bus), LauncherSettings.from_env().max_evals_in_flight)
 
 
 async def test_a_checkpoint_gets_one_eval_run_however_often_its_event_comes(bus: Bus, tmp_path: Path) -> None:

@@ -317,13 +317,15 @@ async def test_stopping_waits_for_a_refill_in_flight_then_removes_the_pool(
     from runctl.service import ServiceRuntime
     from runctl.tasks import load_task
     from services.sandbox.service import SandboxService
+    from services.sandbox.settings import SandboxSettings
     from services.sandbox.trial import sandbox_spec
 
     local = LocalBackend(root=tmp_path / "sandboxes", cgroup_parent=f"{own_cgroup_parent()}-{scope}")
     gated = _GatedBackend(local)
     runtime = ServiceRuntime("sandbox", nats_server.url)
     await runtime.start()
-    service = SandboxService(runtime, {"local": (gated, local.task_root)}, scope=scope, warm=1)  # type: ignore[dict-item]
+    settings = SandboxSettings(scope=scope, warm=1)
+    service = SandboxService(runtime, {"local": (gated, local.task_root)}, settings)  # type: ignore[dict-item]
     await service.start()
     task = load_task(TASKS / "hello")
     first = await service.created(gated, sandbox_spec(task, local.task_root(task), {"runctl.team": "nlp"}))  # type: ignore[arg-type]

@@ -150,7 +150,7 @@ class JobCarrier:
         """What a runner job needs, and nothing more: the bus it publishes on, the runctl home, and the few settings
         the runner itself reads. The launcher's other secrets (the database URL, the proxy's admin token, another
         service's settings) stay out of the job's environment, which Ray shows to anyone who can list jobs."""
-        env = {k: os.environ[k] for k in RUNNER_ENV if k in os.environ}
+        env = {k: v for k, v in os.environ.items() if k in RUNNER_ENV}  # passed on as they are: the job reads them
         env["RUNCTL_NATS_URL"] = self.books.bus.url
         env["RUNCTL_HOME"] = str(home())
         return env

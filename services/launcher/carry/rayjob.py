@@ -28,8 +28,9 @@ from runctl.home import disown_group, home, is_same_process, own_group, owned_gr
 from runctl.ports import free_ports
 from services.launcher.errors import LauncherError
 from services.launcher.rollout.cluster import LOCAL_HEAD_ENV
+from services.launcher.settings import LauncherSettings
 
-JOBS_URL_ENV = "RUNCTL_RAY_JOBS_URL"
+JOBS_URL_ENV = LauncherSettings.env_name("ray_jobs_url")
 HEAD_NAME = "ray-head"
 """The head's record among the stack's owned groups (``$RUNCTL_HOME/owned/ray-head.json``)."""
 HEAD_START_TIMEOUT_S = 120.0
@@ -46,7 +47,7 @@ class LocalHead:
 
 class RayJobs:
     def __init__(self, url: str | None = None) -> None:
-        self.url = url or os.environ.get(JOBS_URL_ENV) or None
+        self.url = url or LauncherSettings.from_env().ray_jobs_url
         self.head: LocalHead | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._client: Any = None

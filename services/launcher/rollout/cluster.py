@@ -17,9 +17,8 @@ from typing import Any
 
 from runctl.events import ClusterReady
 from services.launcher.errors import EngineError
+from services.launcher.settings import LauncherSettings
 
-#: How long the runner waits for NNODES nodes; ``RUNCTL_NODES_TIMEOUT_SEC`` in the environment overrides it.
-NODES_TIMEOUT_S = 600.0
 #: Starts of a local head: Ray gives its raylet a fixed 30 s to register, which a loaded machine can miss.
 LOCAL_HEAD_TRIES = 2
 #: The environment of every Ray head runctl starts on its own machine: no usage statistics sent out, and no Python
@@ -75,7 +74,8 @@ def connect(ray_address: str | None, nnodes: int, timeout_s: float | None = None
     import ray
 
     global _users, _started_here
-    address = ray_address or os.environ.get("RAY_ADDRESS") or None
+    settings = LauncherSettings.from_env()
+    address = ray_address or settings.ray_address
     with _lock:
         if not ray.is_initialized():
             try:
@@ -100,7 +100,7 @@ def connect(ray_address: str | None, nnodes: int, timeout_s: float | None = None
                 ) from e
         _users += 1
     try:
-        wait_s = timeout_s or float(os.environ.get("RUNCTL_NODES_TIMEOUT_SEC", NODES_TIMEOUT_S))
+        wait_s = timeout_s or settings.nodes_timeout_s
         deadline = time.monotonic() + wait_s
         while True:
             nodes = ray.nodes()  # type: ignore[no-untyped-call]
@@ -212,8 +212,8 @@ def _own_token() -> None:
     """A local head uses token authentication (Ray's default) with a token of this process's own: Ray would
     otherwise write one into ``~/.ray/auth_token``, and every Ray cluster later started on the machine would then
     demand it. Whoever set ``RAY_AUTH_*`` keeps their choice."""
-    if not any(os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
-        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    if not LauncherSettings.from_env().ray_auth_set:
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # for the processes ray.init starts
 
 
 def release() -> None:

@@ -27,6 +27,7 @@ import httpx
 from runctl.config import EvalConfig, RunConfig, TrainConfig
 from runctl.ports import free_port
 from services.launcher.errors import EngineError
+from services.launcher.settings import LauncherSettings
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 30
@@ -67,7 +68,7 @@ def vllm_env(host: str, cpu: bool, dev_mode: bool = False) -> dict[str, str]:
     ``/reset_prefix_cache``, which the weight sync calls; the proxy never forwards them."""
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_HOST_IP": host, "PYTHONUNBUFFERED": "1"}
     if cpu:
-        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(LauncherSettings.from_env().vllm_cpu_kvcache_space)
         # The model runs in the engine core's process, not in a worker process of its own: one Python process fewer
         # to start and import vLLM and torch in (a replica of the tiny model answers in about 20 s instead of 28-31,
         # with a third less CPU time and 0.6 GB less memory; bench/replica_start.py), and no OpenMP thread binding

@@ -52,8 +52,9 @@ class DockerBackend(TarOverExec):
         import docker
 
         from runctl.probe import socket_unreachable
+        from services.sandbox.settings import docker_host
 
-        self.host = host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        self.host = host or docker_host()
         unreachable = socket_unreachable(self.host)
         if unreachable:
             raise SandboxError(

@@ -16,7 +16,6 @@ paths it calls (``tests/infra/kube_api.py``), whose pods are real Docker contain
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -58,8 +57,10 @@ class KubernetesBackend(TarOverExec):
     ) -> None:
         from kubernetes import client, config
 
+        from services.sandbox.settings import kubeconfig_path
+
         try:
-            kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
+            kubeconfig = kubeconfig_path(kubeconfig)
             if kubeconfig:
                 self.api_client = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
             else:

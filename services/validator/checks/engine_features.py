@@ -165,7 +165,6 @@ def local_gpus() -> int:
 def verl_runtime(ctx: Context) -> Verdict:
     """verl, vLLM, torch and Ray importable by the run's Python, and (without RAY_ADDRESS, a head on this machine)
     the GPUs the run asks for here; a cluster's GPUs are ``topology.ray_cluster``'s to check."""
-    import os
     from pathlib import Path
 
     c = train_config(ctx)
@@ -180,7 +179,7 @@ def verl_runtime(ctx: Context) -> Verdict:
             "install the GPU set (`./scripts/setup.sh --gpu` makes .venv-gpu) and set VENV_PATH to it.",
         )
     need = c.nnodes * c.ngpus_per_node
-    if c.ray_address or os.environ.get("RAY_ADDRESS"):
+    if c.ray_address or ctx.settings.ray_address:
         return ok(f"verl's runtime imports in {where}; the cluster's GPUs are checked by topology.ray_cluster")
     have = local_gpus()
     if have < need:

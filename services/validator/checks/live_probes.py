@@ -4,8 +4,6 @@ skipped, with the reason, when what it asks cannot be reached. (The sandbox prob
 
 from __future__ import annotations
 
-import os
-
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
 
 SERVICES = 9
@@ -68,7 +66,6 @@ def ray_ports(ctx: Context) -> Verdict:
     """A probe of the machine a foreground run executes on (``runctl run`` and the runner's own pass). With the live
     probes (``runctl submit``, ``runctl validate``) it is not asked: a submitted run's Ray is the launcher's (its
     cluster, or the one head it starts and shares between its runs)."""
-    import os
 
     from runctl.ports import port_is_free
 
@@ -79,8 +76,8 @@ def ray_ports(ctx: Context) -> Verdict:
         return skip("a submitted run gets its Ray from the launcher; `runctl run` checks these ports before it starts")
     if c.ray_address:
         return skip(f"RAY_ADDRESS={c.ray_address}: attaches to a running cluster")
-    if os.environ.get("RAY_ADDRESS"):
-        return skip(f"inside the Ray cluster at $RAY_ADDRESS={os.environ['RAY_ADDRESS']}: the runner attaches to it")
+    if ctx.settings.ray_address:
+        return skip(f"inside the Ray cluster at $RAY_ADDRESS={ctx.settings.ray_address}: the runner attaches to it")
     taken = [port for port in RAY_HEAD_PORTS if not port_is_free(port)]
     if taken:
         return fatal(
@@ -115,7 +112,7 @@ def ray_cluster(ctx: Context) -> Verdict:
     url = ray_dashboard_url(c.ray_address)
     from runctl.sdk import bearer
 
-    headers = bearer(os.environ.get("RAY_AUTH_TOKEN"))  # a token-authenticated cluster's dashboard wants it too
+    headers = bearer(ctx.settings.ray_auth_token)  # a token-authenticated cluster's dashboard wants it too
     try:
         reply = httpx.get(f"{url}/api/v0/nodes", params={"limit": 10000}, headers=headers, timeout=PROBE_TIMEOUT_S)
         nodes = reply.raise_for_status().json()["data"]["result"]["result"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from runctl.layout import trial_folder
 from runctl.tasks import Task, load_task
 from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import LoopSettings, TrialLoop
+from services.launcher.settings import LauncherSettings
 from services.proxy.library import ProxyServer
 from services.sandbox.library import CONFIG_BACKENDS, Backend, BackendSettings, open_backend
 
@@ -140,7 +140,7 @@ class TrialHost:
         """``backend`` booked in the sandbox ledger (team caps, owner, the reaper after a crash, sandbox events) when
         the runner handed the workers its bus (``RUNCTL_NATS_URL`` in their runtime environment), as a runner books
         its own trials' sandboxes; ``backend`` itself for a run without a bus (a foreground run)."""
-        url = os.environ.get("RUNCTL_NATS_URL")
+        url = LauncherSettings.from_env().nats_url
         if not url:
             return backend
         from runctl.bus import Bus

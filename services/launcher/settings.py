@@ -1,0 +1,49 @@
+"""The launcher's settings, and its runners': a site's limits (cluster size, evals in flight), where Ray is, and how
+the runner starts what it starts. The launcher reads them once when it starts; a runner (a Ray job, ``runctl run``,
+verl's workers) reads them from its own environment, which the launcher hands it (``carry/as_job.py``'s
+``RUNNER_ENV``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from runctl.settings import ServiceSettings
+
+NODES_TIMEOUT_S = 600.0
+
+
+class LauncherSettings(ServiceSettings):
+    max_evals_in_flight: int = Field(2, ge=1, validation_alias="RUNCTL_MAX_EVALS_IN_FLIGHT")
+    """Eval runs of checkpoints in flight at once across the stack; the others wait, queued in step order."""
+    cluster_gpus: float = Field(math.inf, ge=0, validation_alias="RUNCTL_CLUSTER_GPUS")
+    """GPUs the cluster has, for admission (unset: not limited)."""
+    cluster_cpus: float = Field(math.inf, ge=0, validation_alias="RUNCTL_CLUSTER_CPUS")
+    """CPUs the cluster has for CPU runs, for admission (unset: not limited)."""
+    cluster_sandboxes: float = Field(math.inf, ge=0, validation_alias="RUNCTL_CLUSTER_SANDBOXES")
+    """Sandboxes the cluster can hold at once, for admission (unset: not limited)."""
+    ray_jobs_url: str | None = Field(None, validation_alias="RUNCTL_RAY_JOBS_URL")
+    """The Ray cluster's dashboard (``http://head:8265``) that submitted runs are carried on as Ray jobs; unset: a
+    head the launcher starts on its own machine."""
+    ray_address: str | None = Field(None, validation_alias="RAY_ADDRESS")
+    """The Ray cluster a runner attaches to when its config sets no RAY_ADDRESS (inside a Ray job: its own)."""
+    nodes_timeout_s: float = Field(NODES_TIMEOUT_S, gt=0, validation_alias="RUNCTL_NODES_TIMEOUT_SEC")
+    """Seconds a runner waits for its run's NNODES Ray nodes to be alive."""
+    ray_auth_mode: str | None = Field(None, validation_alias="RAY_AUTH_MODE")
+    """Ray's own; when this or another ``RAY_AUTH_*`` is set, a local head keeps it, else it gets a token of its own."""
+    ray_auth_token: str | None = Field(None, validation_alias="RAY_AUTH_TOKEN")
+    """Ray's own token for a token-authenticated cluster."""
+    ray_auth_token_path: str | None = Field(None, validation_alias="RAY_AUTH_TOKEN_PATH")
+    """Ray's own: a file holding that token."""
+    vllm_cpu_kvcache_space: int = Field(1, ge=1, validation_alias="VLLM_CPU_KVCACHE_SPACE")
+    """GiB of KV cache of each CPU vLLM replica a runner starts."""
+    nats_url: str | None = Field(None, validation_alias="RUNCTL_NATS_URL")
+    """The bus a runner (and verl's workers) publish on and book sandboxes through; unset: a foreground run with
+    none."""
+
+    @property
+    def ray_auth_set(self) -> bool:
+        """Whether the environment chose Ray's authentication already."""
+        return any((self.ray_auth_mode, self.ray_auth_token, self.ray_auth_token_path))
