@@ -12,11 +12,14 @@ translated chunk by chunk into Anthropic's event sequence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from services.proxy.errors import TranslationError
+from services.proxy.openai_surface import CHAT, StreamCapture, Wants, read_response, upstream_body
+from services.proxy.trajectory import Choice
 
 
 def _text_of(content: Any) -> str:
@@ -329,3 +332,76 @@ class StreamTranslator:
             "message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": self.output_tokens}}
         )
         return out + event("message_stop", {"type": "message_stop"})
+
+
+ANTHROPIC = "anthropic.messages"
+_EVERYTHING = Wants(logprobs=True, token_ids=True)
+
+
+class AnthropicSurface:
+    """``/v1/messages``: translated to OpenAI's chat API for the replica and back for the client."""
+
+    name = ANTHROPIC
+    path = "/v1/chat/completions"
+
+    def call(self, body: dict[str, Any], resolve: Callable[[Any], str]) -> AnthropicCall:
+        chat = to_openai(body)  # a request it cannot translate is refused before its model name is looked at
+        served = resolve(body.get("model"))
+        up, _ = upstream_body(CHAT, chat, served)
+        return AnthropicCall(up, str(body.get("model") or served), list(body.get("stop_sequences") or ()))
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        return error_body(status, message)
+
+    def upstream_failed(self, status: int, data: bytes) -> bytes:
+        return error_body(status, upstream_error_message(data))
+
+
+class AnthropicCall:
+    def __init__(self, upstream: dict[str, Any], model: str, stops: list[str]) -> None:
+        self.upstream, self.model, self.stops = upstream, model, stops
+
+    def answer(self, obj: dict[str, Any]) -> tuple[bytes, list[tuple[list[int], list[Choice]]]]:
+        groups = read_response(CHAT, obj, _EVERYTHING)
+        message = from_openai(obj, self.model, self.stops)
+        for _, choices in groups:
+            for choice in choices:
+                choice.output = message["content"]
+        return orjson.dumps(message), groups
+
+    def relay(self) -> AnthropicRelay:
+        return AnthropicRelay(StreamCapture(CHAT, _EVERYTHING), StreamTranslator(self.model, self.stops))
+
+
+class AnthropicRelay:
+    """Chunks become Anthropic's message events; ``[DONE]`` and what is not JSON are dropped."""
+
+    def __init__(self, capture: StreamCapture, translator: StreamTranslator) -> None:
+        self.capture = capture
+        self.translator = translator
+
+    def done(self) -> bytes:
+        return b""
+
+    def unparsed(self, payload: bytes) -> bytes:
+        return b""
+
+    def upstream_error(self, obj: dict[str, Any], payload: bytes) -> bytes:
+        return event("error", orjson.loads(error_body(500, upstream_error_message(payload))))
+
+    def chunk(self, obj: dict[str, Any], payload: bytes) -> bytes:
+        return self.translator.feed(obj)
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        return event("error", orjson.loads(error_body(status, message)))
+
+    def finish(self) -> bytes:
+        opening = b"" if self.translator.started else self.translator.feed({})
+        return opening + self.translator.end()
+
+    def groups(self) -> list[tuple[list[int], list[Choice]]]:
+        groups = self.capture.groups()
+        for _, choices in groups:
+            for choice in choices:
+                choice.output = output_blocks(choice.output)
+        return groups

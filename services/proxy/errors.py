@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from runctl.errors import RunctlError
 
+NOT_FOUND = b'{"error": {"message": "Not Found", "type": "not_found_error", "code": 404}}'
+"""What any unknown path gets, an unknown or closed session's among them (a closed session looks like none)."""
+
 
 class ProxyStartError(RunctlError):
     """The proxy cannot listen on its address or socket."""

@@ -4,8 +4,9 @@ A run's runner (``ENGINE=local`` and verl's host) serves its trials through an i
 verl's engine finds the replicas verl started as Ray actors; ``runctl proxy serve`` runs the standalone proxy.
 """
 
+from services.proxy.names import DEFAULT_ALIASES
 from services.proxy.replicas import parse_upstream, ray_replica_addresses, ray_weight_versions
-from services.proxy.server import DEFAULT_ALIASES, ProxyServer
+from services.proxy.server import ProxyServer
 from services.proxy.standalone import serve, use_fast_loop
 
 __all__ = [

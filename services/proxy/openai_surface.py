@@ -10,8 +10,11 @@ would have got from vLLM directly.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from services.proxy.trajectory import Choice
 
@@ -211,3 +214,65 @@ class SSEReader:
                 if line.startswith(b"data:"):
                     payloads.append(line[5:].lstrip(b" "))
         return payloads
+
+
+def openai_error(status: int, message: str, kind: str) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+
+
+class OpenAISurface:
+    """``/v1/chat/completions`` or ``/v1/completions``: sent on as it is, with the capture flags added."""
+
+    def __init__(self, name: str, path: str) -> None:
+        self.name, self.path = name, path
+
+    def call(self, body: dict[str, Any], resolve: Callable[[Any], str]) -> OpenAICall:
+        up, wants = upstream_body(self.name, body, resolve(body.get("model")))
+        return OpenAICall(self.name, up, wants)
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        return openai_error(status, message, kind)
+
+    def upstream_failed(self, status: int, data: bytes) -> bytes:
+        return data
+
+
+class OpenAICall:
+    def __init__(self, surface: str, upstream: dict[str, Any], wants: Wants) -> None:
+        self.surface, self.upstream, self.wants = surface, upstream, wants
+
+    def answer(self, obj: dict[str, Any]) -> tuple[bytes, list[tuple[list[int], list[Choice]]]]:
+        groups = read_response(self.surface, obj, self.wants)
+        return orjson.dumps(obj), groups
+
+    def relay(self) -> OpenAIRelay:
+        return OpenAIRelay(StreamCapture(self.surface, self.wants))
+
+
+class OpenAIRelay:
+    """Each event sent on as it came; re-encoded only when the capture hid something the client did not ask for."""
+
+    def __init__(self, capture: StreamCapture) -> None:
+        self.capture = capture
+        self.raw = capture.wants.everything
+
+    def done(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def unparsed(self, payload: bytes) -> bytes:
+        return b"data: " + payload + b"\n\n"
+
+    def upstream_error(self, obj: dict[str, Any], payload: bytes) -> bytes:
+        return self.chunk(obj, payload)
+
+    def chunk(self, obj: dict[str, Any], payload: bytes) -> bytes:
+        return b"data: " + (payload if self.raw else orjson.dumps(obj)) + b"\n\n"
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        return b"data: " + openai_error(status, message, kind) + b"\n\n"
+
+    def finish(self) -> bytes:
+        return b""
+
+    def groups(self) -> list[tuple[list[int], list[Choice]]]:
+        return self.capture.groups()

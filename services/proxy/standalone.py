@@ -7,7 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from services.proxy.server import DEFAULT_ALIASES, ProxyServer
+from services.proxy.names import DEFAULT_ALIASES
+from services.proxy.server import ProxyServer
 from services.proxy.settings import ADMIN_TOKEN_ENV, ProxySettings
 
 

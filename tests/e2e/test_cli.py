@@ -27,6 +27,22 @@ def test_help_answers_without_importing_anything_heavy() -> None:
         assert command in help_text
 
 
+def test_validate_static_imports_nothing_heavy() -> None:
+    """`runctl validate --static` is the check users run on every edit: it loads the config and the validator, and
+    nothing that talks to a bus, a database, a cluster or a model (bench/validate.py times it)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "runctl.cli.main", "validate", "--static", str(PREVIEW)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines() if "|" in line}
+    assert {"runctl", "services", "pydantic"} <= imported, "the walk of -X importtime's output is broken"
+    heavy = {"nats", "sqlalchemy", "alembic", "fastapi", "uvicorn", "httpx", "rich", "pydantic_settings", "docker"}
+    heavy |= {"kubernetes", "pyarrow", "numpy", "torch", "ray", "vllm", "transformers"}
+    assert not heavy & imported, f"`runctl validate --static` imports {sorted(heavy & imported)}"
+
+
 def test_init_writes_a_template_that_only_needs_its_placeholders_filled(cli: Cli, tmp_path: Path) -> None:
     cli("init", "train", "my_run", "--dir", str(tmp_path))
     path = tmp_path / "my_run.env"

@@ -288,12 +288,14 @@ async def test_an_answer_cut_short_by_a_pause_for_weights_is_sent_again_and_reco
             await _pause_once_generating(http, replica.url, answer)
             try:
                 await async_wait_until(
-                    lambda a=answer: a.done() or server.m_resent.values.get(("resent",)), 60, "the answer cut short"
+                    lambda a=answer: a.done() or server.metrics.resent.values.get(("resent",)),
+                    60,
+                    "the answer cut short",
                 )
             finally:
                 assert (await http.post(replica.url + "/resume")).status_code == 200
             reply = (await answer).json()
-            if server.m_resent.values.get(("resent",)):
+            if server.metrics.resent.values.get(("resent",)):
                 break
         else:
             pytest.fail("five answers all finished before the pause reached them")
@@ -304,7 +306,7 @@ async def test_an_answer_cut_short_by_a_pause_for_weights_is_sent_again_and_reco
         assert turn["choices"][0]["finish_reason"] == "length"
         choice = turn["choices"][0]
         assert len(choice["completion_token_ids"]) == LONG_TOKENS == len(choice["completion_logprobs"])
-        assert server.m_resent.values == {("resent",): 1.0}
+        assert server.metrics.resent.values == {("resent",): 1.0}
 
 
 @pytest.mark.timeout(SETUP_S + 300)
@@ -338,7 +340,7 @@ async def test_a_stream_cut_short_by_a_pause_for_weights_ends_with_an_error_and_
             finally:
                 assert (await http.post(replica.url + "/resume")).status_code == 200
             trajectory = await server.close_session(session.id)
-            if server.m_resent.values.get(("stream_ended",)):
+            if server.metrics.resent.values.get(("stream_ended",)):
                 break
         else:
             pytest.fail("five streams all finished before the pause reached them")

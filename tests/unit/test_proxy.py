@@ -462,7 +462,7 @@ async def test_a_client_that_leaves_abandons_its_upstream_call(tmp_path: Path) -
             replica = next(iter(proxy.pool.replicas.values()))
             assert slow.abandoned == 1 and replica.in_flight == 0
             trajectory = await proxy.close_session(session.id)
-            metrics = proxy.registry.render().decode()
+            metrics = proxy.metrics.registry.render().decode()
     finally:
         await slow.close()
     assert trajectory is not None and trajectory["turns"] == []
