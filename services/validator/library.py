@@ -22,16 +22,8 @@ if TYPE_CHECKING:
 from services.validator.checks.schema import issue_results, schema_checks, schema_ok
 from services.validator.registry import REGISTRY, Check
 
-__all__ = [
-    "check_config",
-    "check_file",
-    "check_resolved",
-    "check_submission",
-    "counts",
-    "issue_results",
-    "registered",
-    "schema_ok",
-]
+# What code outside the validator uses; the validator's own service also calls check_submission and counts.
+__all__ = ["check_config", "check_file", "check_resolved", "registered"]
 
 
 def check_config(config: RunConfig, live: bool = False, host: bool = False) -> list[CheckResult]:

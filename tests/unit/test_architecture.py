@@ -99,6 +99,25 @@ def test_services_are_reached_only_through_their_faces_along_the_allowed_arrows(
     assert {m for _, m, _, _ in crossings} == {f"services.{s}.{FACE}" for s in SERVICES}
 
 
+def test_each_face_exports_exactly_what_others_import_from_it() -> None:
+    import importlib
+
+    used: dict[str, set[str]] = {f"services.{s}.{FACE}": set() for s in SERVICES}
+    for root in ("runctl", "services", "scripts", "bench"):
+        for path in (ROOT / root).rglob("*.py"):
+            rel = path.relative_to(ROOT).parts
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module in used:
+                    if rel[0] == "services" and rel[1] == node.module.split(".")[1]:
+                        continue  # the service's own modules may use more of it
+                    used[node.module] |= {alias.name for alias in node.names}
+    for face, names in used.items():
+        exported = set(importlib.import_module(face).__all__)
+        assert exported == names, (
+            f"{face}: exports {sorted(exported - names)} no one uses; {sorted(names - exported)} used"
+        )
+
+
 @pytest.fixture(scope="module")
 def tree_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The packages, the contracts and the contract type of our own, copied where a test may break them."""
