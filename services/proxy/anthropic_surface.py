@@ -12,12 +12,12 @@ translated chunk by chunk into Anthropic's event sequence.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from services.proxy.errors import TranslationError
+from services.proxy.names import ModelNames
 from services.proxy.openai_surface import CHAT, StreamCapture, Wants, read_response, upstream_body
 from services.proxy.trajectory import Choice
 
@@ -344,9 +344,9 @@ class AnthropicSurface:
     name = ANTHROPIC
     path = "/v1/chat/completions"
 
-    def call(self, body: dict[str, Any], resolve: Callable[[Any], str]) -> AnthropicCall:
+    def call(self, body: dict[str, Any], models: ModelNames, learned: str | None) -> AnthropicCall:
         chat = to_openai(body)  # a request it cannot translate is refused before its model name is looked at
-        served = resolve(body.get("model"))
+        served = models.resolve(body.get("model"), learned)
         up, _ = upstream_body(CHAT, chat, served)
         return AnthropicCall(up, str(body.get("model") or served), list(body.get("stop_sequences") or ()))
 
@@ -358,6 +358,8 @@ class AnthropicSurface:
 
 
 class AnthropicCall:
+    __slots__ = ("upstream", "model", "stops")
+
     def __init__(self, upstream: dict[str, Any], model: str, stops: list[str]) -> None:
         self.upstream, self.model, self.stops = upstream, model, stops
 
@@ -375,6 +377,8 @@ class AnthropicCall:
 
 class AnthropicRelay:
     """Chunks become Anthropic's message events; ``[DONE]`` and what is not JSON are dropped."""
+
+    __slots__ = ("capture", "translator")
 
     def __init__(self, capture: StreamCapture, translator: StreamTranslator) -> None:
         self.capture = capture

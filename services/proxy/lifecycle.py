@@ -51,7 +51,7 @@ class Lifecycle:
         resp.cancel_when_gone()
         try:
             body = _body(req)
-            call = surface.call(body, lambda asked: self.models.resolve(asked, self.upstream.learned_model()))
+            call = surface.call(body, self.models, self.upstream.learned_model())
             payload = orjson.dumps(call.upstream)
             if not body.get("stream"):
                 replica, code, data, obj = await self.upstream.whole(session, surface.path, payload)

@@ -10,12 +10,12 @@ would have got from vLLM directly.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from services.proxy.names import ModelNames
 from services.proxy.trajectory import Choice
 
 CHAT, COMPLETIONS = "openai.chat", "openai.completions"
@@ -223,11 +223,13 @@ def openai_error(status: int, message: str, kind: str) -> bytes:
 class OpenAISurface:
     """``/v1/chat/completions`` or ``/v1/completions``: sent on as it is, with the capture flags added."""
 
+    __slots__ = ("name", "path")
+
     def __init__(self, name: str, path: str) -> None:
         self.name, self.path = name, path
 
-    def call(self, body: dict[str, Any], resolve: Callable[[Any], str]) -> OpenAICall:
-        up, wants = upstream_body(self.name, body, resolve(body.get("model")))
+    def call(self, body: dict[str, Any], models: ModelNames, learned: str | None) -> OpenAICall:
+        up, wants = upstream_body(self.name, body, models.resolve(body.get("model"), learned))
         return OpenAICall(self.name, up, wants)
 
     def error(self, status: int, message: str, kind: str) -> bytes:
@@ -238,6 +240,8 @@ class OpenAISurface:
 
 
 class OpenAICall:
+    __slots__ = ("surface", "upstream", "wants")
+
     def __init__(self, surface: str, upstream: dict[str, Any], wants: Wants) -> None:
         self.surface, self.upstream, self.wants = surface, upstream, wants
 
@@ -251,6 +255,8 @@ class OpenAICall:
 
 class OpenAIRelay:
     """Each event sent on as it came; re-encoded only when the capture hid something the client did not ask for."""
+
+    __slots__ = ("capture", "raw")
 
     def __init__(self, capture: StreamCapture) -> None:
         self.capture = capture

@@ -9,9 +9,9 @@ to that API's clients.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
+from services.proxy.names import ModelNames
 from services.proxy.openai_surface import StreamCapture
 from services.proxy.trajectory import Choice
 
@@ -65,11 +65,12 @@ class Surface(Protocol):
     path: str
     """The upstream path it calls."""
 
-    def call(self, body: dict[str, Any], resolve: Callable[[Any], str]) -> Call:
-        """A request of this API; ``resolve`` turns the model name it asks for into the served one.
+    def call(self, body: dict[str, Any], models: ModelNames, learned: str | None) -> Call:
+        """A request of this API; ``models.resolve(asked, learned)`` turns the model name it asks for into the
+        served one.
 
         Raises:
-            ProxyError: 400 for a request this API's translation cannot express; what ``resolve`` raises.
+            ProxyError: 400 for a request this API's translation cannot express; what resolving the name raises.
         """
 
     def error(self, status: int, message: str, kind: str) -> bytes:
