@@ -32,14 +32,14 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", env_ignore_empty=True, frozen=True)
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> Self:
-        """The settings this process's environment gives, with ``overrides`` (by field name) on top.
+    def from_env(cls) -> Self:
+        """The settings this process's environment gives.
 
         Raises:
             SettingsError: a variable's value is not what its field takes; names each and its fix.
         """
         try:
-            return cls(**overrides)
+            return cls()
         except ValidationError as e:
             problems = []
             for error in e.errors():

@@ -11,7 +11,7 @@ from runctl.service import ServiceRuntime, run_service
 from runctl.tasks import Task
 from services.sandbox.backends.base import Backend, SandboxError
 from services.sandbox.service import SandboxService
-from services.sandbox.settings import SandboxSettings, docker_host, kubeconfig_path
+from services.sandbox.settings import DEFAULT_DOCKER_HOST, SandboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,12 @@ def available_backends(settings: SandboxSettings) -> dict[str, tuple[Backend, Ca
             elif name == "docker":
                 from services.sandbox.backends.docker_backend import DockerBackend
 
-                docker = DockerBackend(docker_host(settings.docker_host))
+                docker = DockerBackend(settings.docker_host or DEFAULT_DOCKER_HOST)
                 found["docker"] = (docker, docker.task_image)
             elif name == "kubernetes":
                 from services.sandbox.backends.kubernetes_backend import KubernetesBackend
 
-                kube = KubernetesBackend(
-                    kubeconfig=kubeconfig_path(settings.kubeconfig), namespace=settings.k8s_namespace
-                )
+                kube = KubernetesBackend(kubeconfig=settings.kubeconfig, namespace=settings.k8s_namespace)
                 found["kubernetes"] = (kube, kube.task_image)
             else:
                 log.warning("unknown sandbox backend %s: skipped", name)
