@@ -19,6 +19,23 @@ def home() -> Path:
     return Path(os.environ.get("RUNCTL_HOME") or Path.home() / ".runctl")
 
 
+def private_folder(path: Path) -> Path:
+    """``path`` made (with its parents) and readable by its owner only (0700): a run's folder, the home. Parents
+    this makes are private too; one that existed keeps its mode."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid == os.getuid():
+        os.chmod(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """``path`` made empty if missing, and readable by its owner only (0600): a database before it is opened."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    if path.stat().st_uid == os.getuid():
+        os.chmod(path, 0o600)
+    return path
+
+
 def write_atomic(path: Path, content: str | bytes) -> None:
     """Replace ``path`` with ``content`` in one step: a reader, or a process killed half-way, never sees half a file
     (the new content goes to a hidden temporary file of this process beside it first)."""

@@ -33,6 +33,7 @@ from runctl.home import (
     disown_group,
     is_same_process,
     owned_groups,
+    private_folder,
     process_start_ticks,
     read_stack_state,
     stop_group,
@@ -341,7 +342,7 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
     Raises:
         StackError: a stack already runs from this home, a port is taken, or the stack did not come up in time.
     """
-    base.mkdir(parents=True, exist_ok=True)
+    private_folder(base)
     state = read_stack_state(base)
     if state is not None and is_same_process(state.supervisor):
         raise StackError(

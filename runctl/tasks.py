@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from runctl.errors import TaskError
+from runctl.safefiles import UnsafeFile, check_regular, read_regular_text
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
@@ -33,8 +34,27 @@ VERIFIER = "tests/test.sh"
 ORACLE = "solution/solve.sh"
 ENVIRONMENT_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml")
 """What an environment folder may hold, in the order they are looked for."""
+RESERVED_PATHS = ("/tests", "/logs", "/solution", "/runctl")
+"""Where a trial puts what the agent must not shape: the verifier's tests, the logs, the oracle's solution, and the
+installed agent's relay and proxy socket. A work folder may not overlap them (docs/security.md)."""
+INDEX_BYTES = 1 << 30
+"""The largest parquet task index read."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNIT_MB = {"": 1 / 1024**2, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}
+
+
+def workdir_problem(workdir: str) -> str | None:
+    """Why ``workdir`` cannot be a sandbox's work folder (with the fix), or None when it can."""
+    path = PurePosixPath(workdir)
+    if not path.is_absolute() or ".." in path.parts:
+        return f"workdir {workdir!r} must be an absolute path without '..'. Fix: give one such as /app."
+    for reserved in map(PurePosixPath, RESERVED_PATHS):
+        if path == reserved or reserved in path.parents or path in reserved.parents:
+            return (
+                f"workdir {workdir!r} overlaps {reserved}, where the trial puts files the agent must not shape "
+                f"(the paths {', '.join(RESERVED_PATHS)} are reserved). Fix: use another folder, such as /app."
+            )
+    return None
 
 
 def size_mb(value: object) -> object:
@@ -139,6 +159,14 @@ class EnvironmentSettings(_Section):
     @classmethod
     def _sizes(cls, value: object) -> object:
         return size_mb(value)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_apart(cls, value: str | None) -> str | None:
+        problem = None if value is None else workdir_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("docker_image")
     @classmethod
@@ -322,7 +350,7 @@ class Task:
 
     @property
     def instruction(self) -> str:
-        return (self.path / INSTRUCTION).read_text()
+        return read_regular_text(self.path / INSTRUCTION, what=INSTRUCTION)
 
     @property
     def environment_file(self) -> Path | None:
@@ -370,9 +398,11 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(str(folder), "is not a folder.", "point at a Harbor task folder (it holds task.toml).")
     toml_path = folder / TASK_FILE
     try:
-        raw = tomllib.loads(toml_path.read_text())
+        raw = tomllib.loads(read_regular_text(toml_path, what=TASK_FILE))
     except FileNotFoundError:
         raise TaskError(str(folder), "has no task.toml: it is not a Harbor task.", "add task.toml.") from None
+    except UnsafeFile as e:
+        raise TaskError(str(toml_path), f"cannot be read: {e}.", "make task.toml a regular file.") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TaskError(str(toml_path), f"is not valid TOML ({e}).", "fix the syntax.") from None
     try:
@@ -448,6 +478,7 @@ def _parquet_index(path: Path) -> list[IndexEntry]:
     import pyarrow.parquet as pq  # heavy: only parquet indexes need it
 
     try:
+        check_regular(path, INDEX_BYTES, "task index")
         rows = pq.read_table(path).to_pylist()
     except Exception as e:  # pyarrow raises several types for a bad file
         raise TaskError(str(path), f"is not a readable parquet file ({e}).", "write the index with pyarrow.") from None

@@ -39,7 +39,9 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./:@+-]*")
 
 def hydra_value(value: Any) -> str:
     """A value in Hydra's override grammar: booleans and null as Hydra spells them, lists in brackets, and
-    anything with a character the grammar reserves in single quotes."""
+    anything with a character the grammar reserves in single quotes — as literal text: an interpolation in it
+    (``${oc.env:…}``, which would hand a config the launcher's environment) is escaped, so nothing resolves inside
+    a value taken from a run config."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -51,7 +53,17 @@ def hydra_value(value: Any) -> str:
     text = str(value)
     if _PLAIN.fullmatch(text) and text not in ("true", "false", "null"):
         return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return quoted_literal(text)
+
+
+def quoted_literal(text: str) -> str:
+    """``text`` in single quotes, read back by Hydra and then OmegaConf as exactly ``text``: OmegaConf's ``${`` gets a
+    backslash before it (and the backslashes already there are doubled), as does Hydra's quote; backslashes before a
+    quote or the closing quote are doubled; every other backslash is kept as it is, as both read it."""
+    out = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+    out = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", out)
+    out = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, out)
+    return "'" + out + "'"
 
 
 def with_absolute_paths(config: TrainConfig) -> TrainConfig:

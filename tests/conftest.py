@@ -37,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """In the process that starts the run (pytest's, or xdist's controller before its workers): the folder the
     workers share (tests/infra/shared.py), and the plugin that times each test and names what it started."""
     global _OPENED_RUN
-    from tests.infra import shared, timings
+    from tests.infra import attacks, shared, timings
 
     # Local sandboxes of this process's tests (and of the services, runners and stacks they start, which inherit it)
     # go under a cgroup parent of this worker's own, so the leftover check below sees only its own tests' cgroups.
@@ -51,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
         _OPENED_RUN = shared.open_run()
         if _OPENED_RUN:  # not a pytest run started by a test (the README's test command is one)
             timings.register(config)
+            attacks.register(config)
 
 
 #: The thread pools of what a worker's tests start (vLLM's engine, a trainer's torch, tokenizers), sized to the

@@ -4,6 +4,11 @@ The layers, lowest first, are the code below (``LAYERS``): built-in defaults →
 the run config → the process environment for the documented overrides only (``ENV_OVERRIDES``). A key set in a
 higher layer replaces the lower one; ``${VAR}`` in a file sees keys set earlier in the same file, then the lower
 layers, then the process environment.
+
+Locked keys: what a run's code runs as and reaches — ``LOCKED_BY_SITE`` (the Python, the Ray cluster, the Docker
+host, the kubeconfig and the sandbox namespace) and any key ``site.env`` lists in ``LOCKED_KEYS`` — keep the value
+``site.env`` gives them: a run's file or environment that sets another is refused with the key named (on the
+submitter's machine and again on the server, against the server's ``site.env``).
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ from pydantic import ValidationError
 from runctl.config.envfile import Entry, expand, parse_env
 from runctl.config.models import ENV_OVERRIDES, MODELS, RUN_TYPES, RunConfig, RunType, all_keys, is_secret
 from runctl.errors import ConfigError, ConfigIssue
+from runctl.safefiles import read_regular_text
 
 Layer = Literal["default", "site", "run", "env"]
 LAYERS: tuple[Layer, ...] = ("default", "site", "run", "env")
 PLACEHOLDER = "CHANGEME"
+#: Keys a run may not change once ``site.env`` sets them.
+LOCKED_BY_SITE = ("VENV_PATH", "RAY_ADDRESS", "DOCKER_HOST", "KUBECONFIG", "K8S_NAMESPACE")
+#: The ``site.env``-only key that lists more keys to lock (comma-separated).
+LOCKED_KEYS = "LOCKED_KEYS"
 REDACTED = "***"
 
 
@@ -134,7 +144,7 @@ def site_env_path(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def _read(path: Path, what: str) -> str:
     try:
-        return path.read_text(encoding="utf-8-sig")
+        return read_regular_text(path, what=what)
     except FileNotFoundError as e:
         issue = ConfigIssue(str(path), None, None, f"{what} not found.", "check the path.", code="schema.file")
         raise ConfigError([issue]) from e
@@ -177,6 +187,9 @@ class _Resolver:
         self.issues: list[ConfigIssue] = []
         self.secret_keys = frozenset(key for key in self.known if any(is_secret(t, key) for t in RUN_TYPES))
         self.secret_values: set[str] = set()
+        self.listed_locks: list[str] = []
+        self.locked: dict[str, Setting] = {}
+        """Keys ``site.env`` set and locked: the run's layers may not change them."""
 
     def lookup(self, current: dict[str, str]) -> Any:
         def find(name: str) -> str | None:
@@ -201,7 +214,10 @@ class _Resolver:
                 self.issues.extend(e.issues)
                 continue
             current[entry.key] = value
-            if not self.check_key(entry, layer):
+            if entry.key == LOCKED_KEYS:
+                self._lock_keys(entry, value, layer)
+                continue
+            if not self.check_key(entry, layer) or not self.check_unlocked(entry.key, value, entry.path, entry.line):
                 continue
             if PLACEHOLDER in value:
                 self.issues.append(
@@ -220,6 +236,9 @@ class _Resolver:
         """True if the key applies to this run type; records an issue for unknown keys."""
         key = entry.key
         if key == "RUN_TYPE" and layer == "site":
+            return False
+        if key == LOCKED_KEYS:
+            self._lock_keys(entry, "", layer)
             return False
         applies_to = self.known.get(key)
         if applies_to is None:
@@ -250,9 +269,56 @@ class _Resolver:
         )
         return False
 
+    def _lock_keys(self, entry: Entry, value: str, layer: Layer) -> None:
+        def refuse(message: str, fix: str, code: str) -> None:
+            self.issues.append(ConfigIssue(entry.path, entry.line, LOCKED_KEYS, message, fix, code=code))
+
+        if layer != "site":
+            refuse(
+                f"{LOCKED_KEYS} is the cluster's: only site.env may lock keys.",
+                f"remove {LOCKED_KEYS} from the run config.",
+                "schema.locked_key",
+            )
+            return
+        for key in (k.strip().upper() for k in value.split(",") if k.strip()):
+            if key in self.known:
+                self.listed_locks.append(key)
+            else:
+                refuse(
+                    f"{LOCKED_KEYS} names {key}, which is no run config key.",
+                    _suggest(key, list(self.known)),
+                    "schema.unknown_key",
+                )
+
+    def lock_site_keys(self) -> None:
+        """After the site layer: the keys it set that are locked (``LOCKED_BY_SITE`` and those it listed)."""
+        for key in dict.fromkeys([*LOCKED_BY_SITE, *self.listed_locks]):
+            setting = self.settings.get(key)
+            if setting is not None and setting.layer == "site":
+                self.locked[key] = setting
+
+    def check_unlocked(self, key: str, value: str | None, path: str, line: int | None) -> bool:
+        """True unless ``key`` is locked by site.env to another value (then an issue is recorded)."""
+        site = self.locked.get(key)
+        if site is None or site.value == value:
+            return True
+        shown = REDACTED if key in self.secret_keys else site.value
+        self.issues.append(
+            ConfigIssue(
+                path,
+                line,
+                key,
+                f"{key} is locked by the cluster's site.env ({site.source}, which sets it to {shown}): a run may not "
+                "change the Python, the cluster or the sandbox host its code runs on.",
+                f"remove {key} from the run config (or ask the cluster's operator to change site.env).",
+                code="schema.locked_key",
+            )
+        )
+        return False
+
     def apply_environment(self) -> None:
         for key in ENV_OVERRIDES:
-            if key in self.environ:
+            if key in self.environ and self.check_unlocked(key, self.environ[key], f"environment ${key}", None):
                 self.settings[key] = Setting(self.environ[key], "env", f"environment ${key}")
 
     def build(self) -> RunConfig | None:
@@ -381,6 +447,7 @@ def resolve_text(
     kind = _run_type(run_entries, path, run_type, env)
     resolver = _Resolver(kind, env, path)
     resolver.apply(site_entries, "site")
+    resolver.lock_site_keys()
     resolver.apply(run_entries, "run")
     resolver.apply_environment()
     model = resolver.build()
@@ -452,10 +519,16 @@ def submitted_values(
         resolver.apply(parse_env(_read(site, "site.env"), str(site)), "site")
         if resolver.issues:
             raise ConfigError(resolver.issues)
+        resolver.lock_site_keys()
         values = {key: s.value for key, s in resolver.settings.items() if s.layer == "site"}
+    else:
+        resolver = _Resolver(run_type, env, "site.env")
     for key, row in resolved.items():
         if row.get("layer") in ("run", "env"):
-            values[key] = row.get("value")
+            if resolver.check_unlocked(key, row.get("value"), str(row.get("source") or "the submission"), None):
+                values[key] = row.get("value")
+    if resolver.issues:
+        raise ConfigError(resolver.issues)
     return values
 
 

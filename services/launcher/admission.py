@@ -106,6 +106,26 @@ def team_order(queue: Iterable[QueuedRun]) -> dict[str, list[QueuedRun]]:
     return by_team
 
 
+def never_fits(run: QueuedRun, quota: TeamQuota | None, capacity: Resources) -> str | None:
+    """Why ``run`` can never start, with the fix (what it asks for against the team's whole quota or the whole
+    cluster), or None when it could once enough is free. Such a run is refused, not queued for ever."""
+    limits = [("the whole cluster has", capacity)]
+    if quota is not None:
+        limits.insert(0, (f"team {run.team}'s whole quota is", quota.limit))
+    for what, limit in limits:
+        beyond = run.demand.over(limit)
+        if beyond:
+            need, have = getattr(run.demand, beyond), getattr(limit, beyond)
+            fix = (
+                f"ask for fewer {_NAMES[beyond]}"
+                if what.startswith("the whole cluster")
+                else f"ask for fewer {_NAMES[beyond]}, or an admin raises the quota (`runctl team set {run.team} "
+                f"--{beyond} {need:g}`)"
+            )
+            return f"it asks for {need:g} {_NAMES[beyond]} and {what} {have:g}: it could never start. Fix: {fix}"
+    return None
+
+
 def blocker(
     run: QueuedRun, used: Resources, quota: TeamQuota | None, free: Resources, capacity: Resources
 ) -> tuple[str, str] | None:

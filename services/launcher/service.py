@@ -43,6 +43,7 @@ from services.launcher.admission import (
     decide,
     demand_of,
     granted,
+    never_fits,
 )
 from services.launcher.carry.as_job import JobCarrier
 from services.launcher.carry.books import Books, retrying
@@ -158,9 +159,14 @@ class Launcher:
                 for run_id, q in waiting.items()
                 if run_id not in grants
             ]
-            decision = decide(
-                queue, usage, await self._quotas({q.team for q in waiting.values()}), cluster_capacity(self.settings)
-            )
+            quotas, capacity = await self._quotas({q.team for q in waiting.values()}), cluster_capacity(self.settings)
+            for run in list(queue):
+                why = never_fits(run, quotas.get(run.team), capacity)
+                if why is not None:  # refused with what it asks and what there is, never queued for ever
+                    queue.remove(run)
+                    await self.books.end_failed(run.team, run.run_id, "admission", LauncherError(why))
+                    await self.ledger.dequeue(run.run_id)
+            decision = decide(queue, usage, quotas, capacity)
             for run in decision.admitted:
                 await self._admit(run.run_id, waiting[run.run_id])
             for run_id, place in decision.waiting.items():

@@ -253,8 +253,10 @@ class TrialRunner:
             result.failure = result.failure or Failure(cause="sandbox", message=e.message)
         finally:
             if sandbox is not None:
-                self._collect(sandbox, trial_dir, result)
-                self.backend.destroy(sandbox)
+                try:
+                    self._collect(sandbox, trial_dir, result)
+                finally:
+                    self.backend.destroy(sandbox)
             result.timings_s["total"] = time.monotonic() - started
             (trial_dir / "result.json").write_text(result.model_dump_json(indent=2))
         return result

@@ -26,11 +26,10 @@ class TrackerSettings(ServiceSettings):
         """The database URL: ``RUNCTL_DB_URL``, else SQLite at ``$RUNCTL_HOME/tracker.db`` (its folder made)."""
         if self.db_url:
             return self.db_url
-        from runctl.home import home
+        from runctl.home import home, private_file, private_folder
 
-        base = home()
-        base.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{base / 'tracker.db'}"
+        base = private_folder(home())
+        return f"sqlite:///{private_file(base / 'tracker.db')}"
 
 
 def db_url() -> str:

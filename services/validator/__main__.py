@@ -2,6 +2,7 @@
 
 from runctl.service import run_service
 from services.validator.service import main
+from services.validator.settings import ValidatorSettings
 
 if __name__ == "__main__":
-    run_service(main, "validator")
+    run_service(main, "validator", ValidatorSettings)

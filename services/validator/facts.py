@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runctl.safefiles import read_regular
+
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
@@ -103,7 +105,7 @@ def read_facts(model_path: str) -> ModelFacts:
     if not folder.is_dir():
         raise FactsUnavailable(f"MODEL_PATH {model_path} is not a folder on this machine")
     try:
-        doc = _text_config(json.loads(config.read_text()))
+        doc = _text_config(json.loads(read_regular(config, what="config.json")))
     except FileNotFoundError as e:
         raise FactsUnavailable(f"{config} does not exist") from e
     except (OSError, ValueError) as e:

@@ -20,19 +20,21 @@ from runctl.events.checks import CheckResult
 if TYPE_CHECKING:
     from runctl.events.payloads import ConfigSubmitted
 from services.validator.checks.schema import issue_results, schema_checks, schema_ok
-from services.validator.registry import REGISTRY, Check
+from services.validator.registry import CHECK_TIMEOUT_S, REGISTRY, Check
 
 # What code outside the validator uses; the validator's own service also calls check_submission and counts.
 __all__ = ["check_config", "check_file", "check_resolved", "registered"]
 
 
-def check_config(config: RunConfig, live: bool = False, host: bool = False) -> list[CheckResult]:
+def check_config(
+    config: RunConfig, live: bool = False, host: bool = False, timeout_s: float = CHECK_TIMEOUT_S
+) -> list[CheckResult]:
     """Every check (classes 2-9) that applies to the config's run type, in class order. Live probes (bus, tracker,
     ports, clusters) run only with ``live``; they make network calls, so callers inside an event loop leave it off
     (or call from a thread). Probes of this machine (the sandbox backend the run will use) run with ``host`` or
     ``live``: ``runctl run`` and the runner run them, the validator service does not (it may not be where the run
-    executes)."""
-    return REGISTRY.run(config, live, host)
+    executes). Each check has ``timeout_s`` (past it, or raising, it is fatal; the others still run)."""
+    return REGISTRY.run(config, live, host, timeout_s)
 
 
 def check_resolved(resolved: ResolvedConfig, live: bool = False, host: bool = False) -> list[CheckResult]:
@@ -51,12 +53,12 @@ def check_file(path: str | Path, live: bool = False) -> tuple[ResolvedConfig | N
     return resolved, check_resolved(resolved, live)
 
 
-def check_submission(submitted: ConfigSubmitted, run_id: str) -> list[CheckResult]:
-    """Class 1 on a submission's resolved values, then, if it passes, the static checks."""
+def check_submission(submitted: ConfigSubmitted, run_id: str, timeout_s: float = CHECK_TIMEOUT_S) -> list[CheckResult]:
+    """Class 1 on a submission's resolved values, then, if it passes, the static checks (each with ``timeout_s``)."""
     results, config = schema_checks(submitted, run_id)
     if config is None:
         return results
-    return results + check_config(config)
+    return results + check_config(config, timeout_s=timeout_s)
 
 
 def counts(results: list[CheckResult]) -> Counter[str]:

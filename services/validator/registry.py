@@ -2,10 +2,17 @@
 
 A check returns a :class:`Verdict`; the registry turns it into a ``CheckResult`` event payload. Checks that need
 the model's facts are skipped, with the reason, when ``config.json`` cannot be read.
+
+A submission is a team's input, and a check reads files it names: each check runs in a worker thread with a time
+limit (``CHECK_TIMEOUT_S``, the validator service's ``RUNCTL_CHECK_TIMEOUT_S``). A check that raises or runs past
+it is fatal for that submission with what happened; the worker it hangs in is given up (a daemon thread) and the
+next check gets a new one, so one check that never returns costs its time limit, never the validator.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,6 +25,9 @@ if TYPE_CHECKING:
     from services.validator.settings import ValidatorSettings
 
 ALL_RUN_TYPES: frozenset[RunType] = frozenset({"train", "eval", "infer"})
+#: Seconds one check may take (probes of the machine and the cluster carry shorter limits of their own); the
+#: validator service's ``RUNCTL_CHECK_TIMEOUT_S`` defaults to it.
+CHECK_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
 
@@ -98,15 +108,18 @@ class Check:
     host: bool = False
     """A probe of the machine the run executes on: run by `runctl run`, the runner and live validation."""
 
-    def run(self, ctx: Context) -> CheckResult:
+    def run(self, ctx: Context, worker: Worker | None = None, timeout_s: float = CHECK_TIMEOUT_S) -> CheckResult:
+        """The check's result; in ``worker`` (with ``timeout_s``) when given, else in this thread."""
         if self.live and not ctx.live:
             verdict = skip("live probe: not run with --static (or by services, which check statically)")
         elif self.host and not ctx.host:
             verdict = skip("probes the machine the run executes on: `runctl run` and the runner run it, not --static")
         elif self.needs_facts and ctx.facts is None:
             verdict = skip(f"needs the model's config.json: {ctx.facts_missing}")
-        else:
+        elif worker is None:
             verdict = self.fn(ctx)
+        else:
+            verdict = worker.verdict(self, ctx, timeout_s)
         return CheckResult(
             id=self.id,
             check_class=self.check_class,
@@ -143,12 +156,89 @@ class Registry:
 
         return add
 
-    def run(self, config: RunConfig, live: bool = False, host: bool = False) -> list[CheckResult]:
+    def run(
+        self, config: RunConfig, live: bool = False, host: bool = False, timeout_s: float = CHECK_TIMEOUT_S
+    ) -> list[CheckResult]:
         """Every check that applies to this run type, in class order; live probes only when ``live``, probes of this
-        machine when ``host`` or ``live``."""
-        ctx = Context.build(config, live, host)
+        machine when ``host`` or ``live``. Each check (and reading the model's facts) has ``timeout_s``."""
+        worker = Worker()
+        try:
+            ctx = worker.call(lambda: Context.build(config, live, host), timeout_s)
+        except CheckTimeout:
+            ctx = Context(config, None, f"reading the model's config.json did not finish within {timeout_s:g}s", live)
+            ctx.host = host or live
         applicable = [c for c in self.checks if config.run_type in c.run_types]
-        return [c.run(ctx) for c in sorted(applicable, key=lambda c: c.check_class)]
+        try:
+            return [c.run(ctx, worker, timeout_s) for c in sorted(applicable, key=lambda c: c.check_class)]
+        finally:
+            worker.stop()
+
+
+_Job = tuple[Callable[[], object], "queue.SimpleQueue[tuple[bool, object]]"]
+"""A call for the worker, and where its answer goes: (True, value) or (False, the exception it raised)."""
+
+
+class CheckTimeout(Exception):
+    """A call in the worker did not return within its time limit."""
+
+
+class Worker:
+    """One daemon thread that runs calls one after another; a call past its time limit is given up (it may finish
+    or hang on its own) and the next call gets a new thread."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def call(self, fn: Callable[[], T], timeout_s: float) -> T:
+        """``fn()`` in the worker.
+
+        Raises:
+            CheckTimeout: it did not return within ``timeout_s`` (the worker is replaced).
+            BaseException: what ``fn`` raised.
+        """
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, args=(self._jobs,), name="validator-check", daemon=True)
+            self._thread.start()
+        answer: queue.SimpleQueue[tuple[bool, object]] = queue.SimpleQueue()
+        self._jobs.put((fn, answer))
+        try:
+            ok, value = answer.get(timeout=timeout_s)
+        except queue.Empty:
+            self._jobs.put(None)  # the hung thread ends if its call ever returns
+            self._jobs, self._thread = queue.SimpleQueue(), None
+            raise CheckTimeout from None
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
+
+    def verdict(self, check: Check, ctx: Context, timeout_s: float) -> Verdict:
+        """The check's verdict, or a fatal one saying it raised or ran past ``timeout_s``."""
+        try:
+            return self.call(lambda: check.fn(ctx), timeout_s)
+        except CheckTimeout:
+            return fatal(
+                f"check {check.id} did not finish within {timeout_s:g}s (a file it reads may be a FIFO or on a mount "
+                "that does not answer); it was given up and the other checks ran",
+                "make every path the config names a regular file or folder on a mount that answers",
+            )
+        except Exception as e:  # a check's own failure on this input: that check fails, not the validation
+            return fatal(
+                f"check {check.id} could not run on this config: {type(e).__name__}: {e}",
+                "fix what the message names; if it names nothing of the config, report it as a runctl bug",
+            )
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+        while (job := jobs.get()) is not None:
+            fn, answer = job
+            try:
+                answer.put((True, fn()))
+            except BaseException as e:  # handed to the caller, which raises it
+                answer.put((False, e))
 
 
 REGISTRY = Registry()

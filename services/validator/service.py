@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from runctl.bus import Bus, ConsumerSpec, each_event
@@ -10,6 +11,8 @@ from runctl.events.payloads import RUNS_STREAM, Payload
 from runctl.service import ServiceRuntime
 from runctl.subjects import event_filter
 from services.validator.library import check_submission
+from services.validator.registry import CHECK_TIMEOUT_S
+from services.validator.settings import ValidatorSettings
 
 log = logging.getLogger(__name__)
 
@@ -18,9 +21,9 @@ CONSUMER = ConsumerSpec(
 )
 
 
-def verdict(submitted: ConfigSubmitted, run_id: str) -> Payload:
+def verdict(submitted: ConfigSubmitted, run_id: str, timeout_s: float = CHECK_TIMEOUT_S) -> Payload:
     """The validation event for a submission: rejected if any check is fatal."""
-    checks = check_submission(submitted, run_id)
+    checks = check_submission(submitted, run_id, timeout_s)
     num_fatal = sum(1 for c in checks if c.severity == "fatal")
     if num_fatal:
         return ConfigRejected(checks=checks, num_fatal=num_fatal)
@@ -28,15 +31,17 @@ def verdict(submitted: ConfigSubmitted, run_id: str) -> Payload:
 
 
 class Validator:
-    def __init__(self, bus: Bus, source: str) -> None:
+    def __init__(self, bus: Bus, source: str, check_timeout_s: float = CHECK_TIMEOUT_S) -> None:
         self.bus = bus
         self.source = source
+        self.check_timeout_s = check_timeout_s
 
     async def handle(self, event: Event) -> None:
         assert isinstance(event.data, ConfigSubmitted)
         if event.data.via == "foreground":
             return  # `runctl run` validated it where it runs and published its own verdict
-        payload = verdict(event.data, event.runid)
+        # In a thread: the checks read files the team named, each with its time limit, and the loop keeps serving.
+        payload = await asyncio.to_thread(verdict, event.data, event.runid, self.check_timeout_s)
         # One id for the verdict, whichever it is: a redelivered submission cannot produce a second one.
         await self.bus.publish(
             new_event(
@@ -46,7 +51,7 @@ class Validator:
         log.info("%s %s", event.runid, payload.event_name)
 
 
-async def main(runtime: ServiceRuntime) -> None:
+async def main(runtime: ServiceRuntime, settings: ValidatorSettings) -> None:
     assert runtime.bus is not None
-    validator = Validator(runtime.bus, runtime.source)
+    validator = Validator(runtime.bus, runtime.source, settings.check_timeout_s)
     await runtime.consume(CONSUMER, each_event(validator.handle))

@@ -15,3 +15,6 @@ class ValidatorSettings(ServiceSettings):
     it, so the local head's ports and GPUs are not probed."""
     ray_auth_token: str | None = Field(None, validation_alias="RAY_AUTH_TOKEN")
     """The token a token-authenticated Ray cluster's dashboard wants; the cluster probe sends it."""
+    check_timeout_s: float = Field(60.0, gt=0, validation_alias="RUNCTL_CHECK_TIMEOUT_S")
+    """Seconds one check of a submission may take in the validator service (default 60); past it, that check is
+    fatal for the submission and the others still run."""

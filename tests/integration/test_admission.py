@@ -1,6 +1,7 @@
 """Admission through the real services: a cluster of 8 GPUs, teams with quotas and weights in the registry, runs
-that do not fit queued with their place and reason, admitted in fair-share order as capacity frees, a queued run
-cancelled off the queue, and the queue surviving a launcher restart."""
+that do not fit queued with their place and reason, admitted in fair-share order as capacity frees, a run that
+could never fit its team's quota refused, a queued run cancelled off the queue, and the queue surviving a launcher
+restart."""
 
 from __future__ import annotations
 
@@ -71,8 +72,12 @@ def test_runs_queue_within_quotas_and_are_admitted_in_fair_share_order(
     nlp_third = submit(services, run_config(tmp_path, "n3", "nlp", 4))
     doomed = submit(services, run_config(tmp_path, "v2", "vision", 4))
     wait_until(lambda: all(event(services, r, "run.queued") for r in (vision, nlp_third, doomed)), 60, "queued")
-    queued = {r: event(services, r, "run.queued")["data"] for r in (over_quota, vision, nlp_third, doomed)}  # type: ignore[index]
-    assert queued[over_quota]["reason"] == "team speech's GPUs quota: 0 of 2 in use, this run needs 4"
+    queued = {r: event(services, r, "run.queued")["data"] for r in (vision, nlp_third, doomed)}  # type: ignore[index]
+    # A run larger than its team's whole quota could never start: refused with the numbers, not queued for ever.
+    wait_for_state(services, over_quota, "failed", 30)
+    refused = event(services, over_quota, "run.failed")["data"]  # type: ignore[index]
+    assert refused["phase"] == "admission" and event(services, over_quota, "run.queued") is None
+    assert "it asks for 4 GPUs and team speech's whole quota is 2: it could never start" in refused["message"]
     assert queued[vision]["reason"] == "the cluster's GPUs: 8 of 8 in use, this run needs 4"
     assert queued[nlp_third]["reason"] == "the cluster's GPUs: 8 of 8 in use, this run needs 4"
     # vision (weight 2, holding nothing) is ahead of nlp (holding 8); vision's second run behind its first.
@@ -95,13 +100,13 @@ def test_runs_queue_within_quotas_and_are_admitted_in_fair_share_order(
     # The launcher restarts with runs queued: the queue is in the ledger, not in its memory.
     services.stop("launcher")
     services.start("launcher")
-    # As nlp's runs end, vision's run goes first (fair share), then nlp's third; speech's never fits its quota.
+    # As nlp's runs end, vision's run goes first (fair share), then nlp's third.
     wait_for_state(services, vision, "succeeded", 120)
     wait_for_state(services, nlp_third, "succeeded", 120)
     admitted_at = {r: event(services, r, "run.admitted")["time"] for r in (vision, nlp_third)}  # type: ignore[index]
     assert admitted_at[vision] <= admitted_at[nlp_third]
     assert event(services, vision, "run.admitted")["data"]["resources"]["gpus"] == 4  # type: ignore[index]
-    assert state(services, over_quota) == "queued" and event(services, doomed, "run.admitted") is None
+    assert event(services, over_quota, "run.admitted") is None and event(services, doomed, "run.admitted") is None
 
 
 async def test_a_run_is_queued_once_and_granted_once_whichever_launcher_asks(nats_server: Any) -> None:

@@ -32,7 +32,7 @@ from runctl.config import RunConfig
 from runctl.errors import BusError
 from runctl.events import CancelRequested, Event, new_event
 from runctl.events.payloads import Payload
-from runctl.home import write_atomic
+from runctl.home import private_folder, write_atomic
 from runctl.subjects import event_subject
 from services.launcher.carry.lifecycle import carry_to_end, run_dir_for
 from services.launcher.engines import RunContext
@@ -157,8 +157,7 @@ async def run_foreground(
         secret_values: secrets the config interpolated into other values, for the run's records to redact.
     """
     team = config.team
-    run_dir = run_dir_for(team, run_id, config)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = private_folder(run_dir_for(team, run_id, config))
     log_file = EventLog(run_dir / EVENTS_FILE)
     progress_path = run_dir / PROGRESS_FILE
     progress: dict[str, Any] = json.loads(progress_path.read_text()) if progress_path.exists() else {}

@@ -27,7 +27,7 @@ from runctl.config.loader import redact
 from runctl.config.models import is_secret
 from runctl.errors import TaskError
 from runctl.events import ReplicasReady
-from runctl.home import write_atomic
+from runctl.home import private_folder, write_atomic
 from runctl.tasks import IndexEntry, Task, TaskIndex, load_index, load_task
 from services.launcher.engines.base import Outcome, RunContext
 from services.launcher.errors import EngineError
@@ -332,7 +332,7 @@ def trials_folder(config: RunConfig, run_dir: Path) -> Path:
 
 def write_resolved_config(config: RunConfig, run_dir: Path, secret_values: frozenset[str] = frozenset()) -> None:
     """``config.json``: every key's value as the run used it (secrets, and secrets inside values, redacted)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(run_dir)
     values = config.model_dump(by_alias=True, mode="json")
     shown = {
         k: (

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from runctl.tasks import workdir_problem
 from services.sandbox.errors import SandboxError
 
 NetworkMode = Literal["no-network", "public", "allowlist"]
@@ -45,6 +46,11 @@ class SandboxSpec:
     binds: tuple[tuple[str, str, bool], ...] = ()
     """Host paths made visible inside: (host path, path inside, read-only). The runner binds the proxy's socket
     folder for installed agents; nothing else does."""
+
+    def __post_init__(self) -> None:
+        problem = workdir_problem(self.workdir)
+        if problem is not None:
+            raise SandboxError(problem)
 
 
 @dataclass(frozen=True)

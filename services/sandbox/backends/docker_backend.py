@@ -304,7 +304,7 @@ class DockerBackend(TarOverExec):
             if stdin is not None:
                 sock.sendall(stdin)
                 sock.shutdown(socket.SHUT_WR)
-            finished = _demux_until(sock, time.monotonic() + timeout_s, out, err)
+            finished = _demux_until(sock, time.monotonic() + timeout_s, out, err, _read_ahead(raw, sock))
         finally:
             sock.close()
             raw.close()
@@ -381,10 +381,37 @@ def _ppid_and_start(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[19])
 
 
-def _demux_until(sock: socket.socket, deadline: float, out: Capture, err: Capture) -> bool:
-    """Read Docker's multiplexed exec stream (8-byte frame headers) until EOF (True) or the deadline (False)."""
-    buffer = b""
+def _read_ahead(raw: object, sock: socket.socket) -> bytes:
+    """What of the exec's stream the HTTP client already read into its own buffer with the upgrade response: a
+    command that answers fast (a small ``tar -c``, on a loaded machine) has its first bytes there, not on the socket
+    read below, and they would be lost (seen as an empty archive)."""
+    response = getattr(raw, "_response", None)
+    reader = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    if reader is None or not hasattr(reader, "peek"):
+        return b""
+    chunks: list[bytes] = []
+    sock.setblocking(False)  # peek answers from the buffer, or finds the socket empty without waiting
+    try:
+        while data := reader.peek(1 << 16):
+            chunks.append(reader.read(len(data)))
+    except (BlockingIOError, OSError, ValueError):
+        pass
+    finally:
+        sock.setblocking(True)
+    return b"".join(chunks)
+
+
+def _demux_until(sock: socket.socket, deadline: float, out: Capture, err: Capture, buffer: bytes = b"") -> bool:
+    """Read Docker's multiplexed exec stream (8-byte frame headers), after what was already read (``buffer``), until
+    EOF (True) or the deadline (False)."""
     while True:
+        while len(buffer) >= _HEADER.size:
+            stream, size = _HEADER.unpack_from(buffer)
+            if len(buffer) < _HEADER.size + size:
+                break
+            payload = buffer[_HEADER.size : _HEADER.size + size]
+            buffer = buffer[_HEADER.size + size :]
+            (err if stream == 2 else out).add(payload)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
@@ -395,10 +422,3 @@ def _demux_until(sock: socket.socket, deadline: float, out: Capture, err: Captur
         if not chunk:
             return True
         buffer += chunk
-        while len(buffer) >= _HEADER.size:
-            stream, size = _HEADER.unpack_from(buffer)
-            if len(buffer) < _HEADER.size + size:
-                break
-            payload = buffer[_HEADER.size : _HEADER.size + size]
-            buffer = buffer[_HEADER.size + size :]
-            (err if stream == 2 else out).add(payload)

@@ -21,6 +21,7 @@ work folder is done at create; any other build step (``RUN`` …) is refused wit
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import resource
@@ -44,6 +45,7 @@ from services.sandbox.backends.base import (
     SandboxSpec,
 )
 from services.sandbox.backends.execio import Capture, exec_result
+from services.sandbox.backends.files import seal_in
 
 HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 HOST_ETC_FILES = (
@@ -65,6 +67,7 @@ ROOTFS_SKIP = {"proc", "dev", "sys", "tmp", "run", "logs"}
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids", "cpu")
 ALLOWED_BUILD_STEPS = {"FROM", "WORKDIR", "ENV", "COPY", "LABEL", "CMD", "ENTRYPOINT", "EXPOSE", "ARG", "USER"}
+log = logging.getLogger(__name__)
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -172,7 +175,9 @@ class LocalBackend:
             self._make_cgroups(spec)
             for copy in plan.get("copies", []):
                 for source in copy["sources"]:
-                    self._place(folder, meta, Path(source), str(PurePosixPath(workdir) / copy["target"]))
+                    into = "/" if copy["target"].endswith("/") else ""
+                    target = str(PurePosixPath(workdir) / copy["target"]) + into
+                    self._place(folder, meta, Path(source), target, merge=True)
         except BaseException:
             self._remove(folder)  # the caller never gets a handle to destroy it with
             raise
@@ -307,20 +312,24 @@ class LocalBackend:
             raise SandboxError(f"sandbox {sandbox.sandbox_id} is gone")
         self._place(folder, meta, source, target)
 
-    def _place(self, folder: Path, meta: dict[str, Any], source: Path, target: str) -> None:
-        host = self._host_path(folder, meta, target, create=True)
-        if source.is_dir():
-            shutil.copytree(source, host, symlinks=True, dirs_exist_ok=True)
-        else:
-            host.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, host)
+    def _place(self, folder: Path, meta: dict[str, Any], source: Path, target: str, merge: bool = False) -> None:
+        """Put ``source`` at ``target`` through a fresh staging folder (files.seal_in): nothing the sandbox left at
+        or on the way to the target is followed. ``merge`` is Docker's COPY: a file into a folder keeps its name, a
+        folder's entries go into the folder there."""
+        parts = self._parts(folder, meta, target, create=True)
+        host = folder.joinpath(*parts)
+        if merge and not source.is_dir() and (target.endswith("/") or (host.is_dir() and not host.is_symlink())):
+            parts.append(source.name)
+        skipped = seal_in(source, folder, parts, merge=merge)
+        if skipped:
+            log.warning("special files not copied into sandbox %s: %s", folder.name, ", ".join(skipped))
 
     def download(self, sandbox: Sandbox, source: str, target: Path) -> bool:
         folder = Path(sandbox.handle)
         meta = _read_meta(folder)
         if meta is None:
             raise SandboxError(f"sandbox {sandbox.sandbox_id} is gone")
-        host = self._host_path(folder, meta, source, create=False)
+        host = self._host_path(folder, meta, source)
         if not (host.exists() or host.is_symlink()):
             return False
         if target.is_dir() and not target.is_symlink():
@@ -333,25 +342,32 @@ class LocalBackend:
             shutil.copy2(host, target, follow_symlinks=False)
         return True
 
-    def _host_path(self, folder: Path, meta: dict[str, Any], path: str, create: bool) -> Path:
-        """Where a sandbox path lives on this machine; a new top-level path becomes a mount of its own."""
+    def _host_path(self, folder: Path, meta: dict[str, Any], path: str) -> Path:
+        """Where a sandbox path lives on this machine (for reading it out); links the sandbox made may not lead
+        out of its folder."""
+        parts = self._parts(folder, meta, path, create=False)
+        host = folder.joinpath(*parts)
+        _inside_of(host, folder / parts[0])
+        return host
+
+    def _parts(self, folder: Path, meta: dict[str, Any], path: str, create: bool) -> list[str]:
+        """A sandbox path as names under the sandbox's folder (its mount's folder first); with ``create``, a new
+        top-level path becomes a mount of its own."""
         inside = PurePosixPath(os.path.normpath(path))
         if not inside.is_absolute() or inside == PurePosixPath("/"):
             raise SandboxError(f"{path} is not a path inside the sandbox")
         mounts: dict[str, str] = meta["mounts"]
         for mount in sorted(mounts, key=len, reverse=True):
             if inside == PurePosixPath(mount) or PurePosixPath(mount) in inside.parents:
-                host = folder / mounts[mount] / inside.relative_to(mount)
-                _inside_of(host, folder / mounts[mount])
-                return host
+                return [mounts[mount], *inside.relative_to(mount).parts]
         if not create:
-            return folder / "absent" / inside.name
+            return ["absent", inside.name]
         top = "/" + inside.parts[1]
         name = "mount-" + re.sub(r"[^A-Za-z0-9_.-]", "_", inside.parts[1])
         mounts[top] = name
         (folder / name).mkdir(exist_ok=True)
         write_atomic(folder / "meta.json", json.dumps(meta, indent=2))
-        return folder / name / inside.relative_to(top)
+        return [name, *inside.relative_to(top).parts]
 
 
 def task_plan(task: Task, rootfs_dir: Path) -> dict[str, Any]:

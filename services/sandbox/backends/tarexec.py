@@ -10,7 +10,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from services.sandbox.backends.base import ExecResult, Sandbox, SandboxError
@@ -41,9 +41,23 @@ class TarOverExec:
         return exec_result(code, out, err, stderr, timed_out, started)
 
     def upload(self, sandbox: Sandbox, source: Path, target: str) -> None:
-        parent, name = os.path.split(target.rstrip("/"))
+        """Unpack into a fresh folder beside the target, then rename it into place: whatever the agent left at
+        the target (a link, files of its own in a folder) is removed first, never unpacked through or merged."""
+        parent, name = os.path.split(os.path.normpath(target))
+        if not name or name == "..":
+            raise SandboxError(f"cannot upload to {target}: name a path below / in the sandbox")
         data = tar_of(source, name)
-        command = f"mkdir -p {quoted(parent or '/')} && tar -xf - -C {quoted(parent or '/')}"
+        parent, where = parent or "/", quoted(os.path.join(parent or "/", name))
+        # Each folder on the way: a link or a file there is replaced by a folder, never followed.
+        names = PurePosixPath(parent).parts[1:]
+        folders = ["/" + "/".join(names[: i + 1]) for i in range(len(names))]
+        command = (
+            'set -e; d() { if [ -L "$1" ] || { [ -e "$1" ] && [ ! -d "$1" ]; }; then rm -f -- "$1"; fi; '
+            '[ -d "$1" ] || mkdir -- "$1"; }; '
+            + "".join(f"d {quoted(folder)}; " for folder in folders)
+            + f"s=$(mktemp -d {quoted(os.path.join(parent, '.runctl-up.XXXXXX'))}); "
+            f'trap \'rm -rf -- "$s"\' EXIT; tar -xf - -C "$s"; rm -rf -- {where}; mv -- "$s"/{quoted(name)} {where}'
+        )
         code, _, err, timed_out = self._run(
             sandbox.handle, ["sh", "-c", command], FILE_TIMEOUT_S, stdin=data, **self.file_exec_options
         )

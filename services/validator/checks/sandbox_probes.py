@@ -5,6 +5,9 @@ run them too); the Kubernetes one is a live probe of a cluster, skipped with the
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from runctl.safefiles import read_regular
 from services.validator.checks.config_paths import indexed_tasks
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
 
@@ -40,9 +43,14 @@ def _wanted_images(ctx: Context) -> dict[str, str]:
         if image:
             wanted.setdefault(image, f"task {task.id}")
         elif task.environment_file is not None and task.environment_file.name == "Dockerfile":
-            for base in dockerfile_bases(task.environment_file.read_text(errors="replace")):
+            for base in dockerfile_bases(_dockerfile_text(task.environment_file)):
                 wanted.setdefault(base, f"the base of task {task.id}")
     return wanted
+
+
+def _dockerfile_text(path: Path) -> str:
+    """A task's Dockerfile, read only when it is a regular file of bounded size (it is the team's file)."""
+    return read_regular(path, what="Dockerfile").decode(errors="replace")
 
 
 def _image_problem(client: object, image: str) -> tuple[str, str] | None:

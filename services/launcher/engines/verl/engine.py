@@ -156,7 +156,7 @@ def worker_env_overrides(env: dict[str, str]) -> list[str]:
     """verl's agent-loop workers are Ray actors: they see the variables of Ray's runtime environment only. Each of
     ``WORKER_ENV`` that ``env`` sets is named on the command line and read from the launched process's environment
     when verl resolves its config (a password never on a command line)."""
-    return [f"+{RUNTIME_ENV}.{k}={verl_contract.hydra_value(f'${{oc.env:{k}}}')}" for k in WORKER_ENV if env.get(k)]
+    return [f"+{RUNTIME_ENV}.{k}='${{oc.env:{k}}}'" for k in WORKER_ENV if env.get(k)]
 
 
 class Reader:

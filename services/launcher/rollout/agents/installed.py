@@ -45,7 +45,7 @@ class InstalledAgent:
         self.session_path = session_path  # /sess/<token>
         self.model = model
         self.python = python
-        binds: tuple[tuple[str, str, bool], ...] = ((str(socket_dir), SOCKET_DIR_INSIDE, False),)
+        binds: tuple[tuple[str, str, bool], ...] = ((str(socket_dir), SOCKET_DIR_INSIDE, True),)
         self.binds = binds + (python_binds() if local_backend else ())
 
     def setup(self, backend: Backend, sandbox: Sandbox, task: Task) -> None:
