@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runctl.config import RunConfig
-from runctl.events import PhaseStarted, TrialFinished
+from runctl.events import CheckpointSaved, PhaseStarted, TrialFinished
 from runctl.events.payloads import Payload, Phase
 from services.launcher.errors import RunCancelledError
 
@@ -52,6 +52,9 @@ class RunContext:
     """Secrets the config interpolated into other values (a foreground run has them): records show ``***``."""
     pinned_checkpoints: Callable[[], Awaitable[set[int]]] = field(default=lambda: _nothing_pinned())
     """The steps of this run's checkpoints whose eval run has not ended: MAX_CKPT_TO_KEEP never deletes them."""
+    pin_checkpoint: Callable[[int, str], Awaitable[None]] | None = None
+    """Records a checkpoint's eval (step, path) before its ``checkpoint.saved`` goes out, so that it is pinned
+    however late the launcher hears of it: a prune at the next save cannot delete it first."""
     bus: Bus | None = None
     """The bus of a submitted run's runner (a foreground run has none): its sandboxes are booked in the sandbox
     service's ledger through it (services.sandbox.booked)."""
@@ -67,6 +70,8 @@ class RunContext:
 
     async def emit(self, payload: Payload, key: str) -> None:
         """Publish an event of this run; ``key`` must be stable across restarts (``step.12``)."""
+        if isinstance(payload, CheckpointSaved) and not payload.synthetic and self.pin_checkpoint is not None:
+            await self.pin_checkpoint(payload.step, payload.path)
         await self.emit_fn(payload, key)
         if isinstance(payload, TrialFinished):
             # Counted in the progress the engine saves next, so a resumed run neither loses nor doubles it.

@@ -17,6 +17,7 @@ When an eval run ends, its checkpoint is no longer pinned, and the parent's chec
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -80,6 +81,10 @@ class Evals:
         self.store = store
         self.max_in_flight = max_in_flight
         """RUNCTL_MAX_EVALS_IN_FLIGHT (settings.LauncherSettings)."""
+        self.dropped = 0
+        self.checked: dict[str, bool] = {}
+        """Foreground runs checked (run id → whether their config passed the validator's static checks)."""
+        """checkpoint.saved events naming a folder outside their run's: nothing is evaluated (or pruned) for them."""
 
     async def on_admitted(self, team: str, run_id: str, config: TrainConfig) -> None:
         """A train run with EVAL_ON_CHECKPOINT=1 was admitted: its base model is scored as step 0, so that the first
@@ -101,15 +106,46 @@ class Evals:
             return  # no submission to read (or one that no longer validates): nothing to evaluate
         if not isinstance(config, TrainConfig) or not config.eval_on_checkpoint or data.synthetic:
             return
+        if submitted.via == "foreground" and not await self._passes_checks(event.runid, config):
+            return
+        run_dir = run_dir_for(event.team, event.runid, config).resolve()
+        if run_dir not in Path(data.path).resolve().parents:
+            log.warning(
+                "%s: checkpoint.saved names %s, outside the run's folder %s: no eval run of it (dropped)",
+                event.runid,
+                data.path,
+                run_dir,
+            )
+            self.dropped += 1
+            return
         entry = EvalEntry(event.runid, event.team, data.step, data.path, eval_run_id(event.runid, data.step))
         if await self.store.create(entry):
             log.info("%s: checkpoint of step %d queued for its eval run %s", event.runid, data.step, entry.eval_run)
         await self.dispatch()
 
+    async def _passes_checks(self, run_id: str, config: TrainConfig) -> bool:
+        """A run ``runctl run`` carries was never checked by the validator service: before the launcher writes eval
+        configs into its folder or prunes checkpoints there, its config passes the validator's static checks (its
+        folders inside its team's, say). Once per run."""
+        if run_id not in self.checked:
+            from services.validator.library import check_config  # the validator's public face
+
+            results = await asyncio.to_thread(check_config, config)
+            fatal = [f"{r.id}: {r.message}" for r in results if r.severity == "fatal"]
+            if fatal:
+                log.warning(
+                    "%s: no eval runs of its checkpoints, its config fails checks: %s", run_id, "; ".join(fatal)
+                )
+            self.checked[run_id] = not fatal
+        if not self.checked[run_id]:
+            self.dropped += 1
+        return self.checked[run_id]
+
     async def on_end(self, event: Event) -> None:
         """An eval run ended: its checkpoint is unpinned (and may be pruned), and the next queued eval goes."""
         for entry in await self.store.entries():
-            if entry.eval_run == event.runid and entry.state != "ended":
+            # Keyed by (team, run): another team's end event naming the same run id unpins nothing.
+            if entry.eval_run == event.runid and entry.team == event.team and entry.state != "ended":
                 entry.state, entry.outcome = "ended", event.name
                 await self.store.put(entry)
                 await self.prune(entry)

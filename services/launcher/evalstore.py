@@ -7,6 +7,7 @@ to its end (the launcher, a Ray job's runner, ``runctl run``) marks the run's en
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -34,6 +35,19 @@ class EvalEntry:
 
 def eval_run_id(parent: str, step: int) -> str:
     return f"{parent}-eval-s{step}"
+
+
+def eval_pin(bus: Bus, team: str, parent: str) -> Callable[[int, str], Awaitable[None]]:
+    """What a runner calls before it publishes a checkpoint: the checkpoint's eval entry, queued (its first create
+    wins, so the launcher hearing the event later finds it there). Pinned from then until its eval run ends."""
+    stores: list[EvalStore] = []
+
+    async def pin(step: int, path: str) -> None:
+        if not stores:
+            stores.append(await EvalStore.open(bus))
+        await stores[0].create(EvalEntry(parent, team, step, path, eval_run_id(parent, step)))
+
+    return pin
 
 
 def key_of(parent: str, step: int) -> str:

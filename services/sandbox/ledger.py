@@ -118,11 +118,15 @@ class SandboxLedger:
                 alive.add(key.removeprefix("owner."))
         return alive
 
-    async def mark_run_ended(self, run_id: str) -> None:
-        await self.kv.put(f"run.{run_id}", str(time.time()).encode())
+    async def mark_run_ended(self, team: str, run_id: str) -> None:
+        """Record that ``team``'s run ``run_id`` ended (the team is part of the key: another team's end event that
+        names the same run id ends nothing of this one)."""
+        await self.kv.put(f"run.{team}.{run_id}", str(time.time()).encode())
 
-    async def ended_runs(self) -> set[str]:
-        return {key.removeprefix("run.") for key in await self._keys("run")}
+    async def ended_runs(self) -> set[tuple[str, str]]:
+        """(team, run id) of every run recorded as ended."""
+        keys = (key.split(".") for key in await self._keys("run"))
+        return {(parts[1], parts[2]) for parts in keys if len(parts) == 3}
 
 
 async def take_seat_within(

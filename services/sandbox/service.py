@@ -468,7 +468,8 @@ class SandboxService:
     async def _runs_ended(self, deliveries: list[Delivery]) -> None:
         assert self.ledger is not None
         for delivery in deliveries:
-            await self.ledger.mark_run_ended(delivery.event.runid)
+            event = delivery.event  # its team is its subject's (the bus checks the envelope against the subject)
+            await self.ledger.mark_run_ended(event.team, event.runid)
         await self.reap()
 
     # --- the reaper -------------------------------------------------------------------------------------------
@@ -489,7 +490,8 @@ class SandboxService:
                     continue  # made outside the service (runctl task run): not the reaper's
                 recorded = entries.get(owned.sandbox_id)
                 run = owned.labels.get(RUN_LABEL) or (recorded.run_id if recorded else "")
-                reason = self._orphaned(owned, alive, run in ended if run else False)
+                team = owned.labels.get(TEAM_LABEL) or (recorded.team if recorded else "")
+                reason = self._orphaned(owned, alive, (team, run) in ended if run else False)
                 if reason is not None:
                     await self._reap_one(backend, owned, reason)
                     destroyed += 1

@@ -10,11 +10,13 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from runctl.layout import TRAJECTORY, TRIAL_RECORD, run_folder, trial_folder, trials_folder
+from runctl.layout import TRAJECTORY, TRIAL_RECORD, outside_team_areas, run_folder, trial_folder, trials_folder
 from services.tracker.db import RunRow
 
 MAX_LOG_BYTES = 64 * 1024
 """A log longer than this is shown by its tail (the end of a log is where its failure is)."""
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+"""A trial record or trajectory larger than this is not read (a sandbox wrote it, and the tracker serves many)."""
 
 
 def _setting(run: RunRow, key: str) -> str | None:
@@ -23,21 +25,26 @@ def _setting(run: RunRow, key: str) -> str | None:
     return str(value) if value else None
 
 
-def trial_path(run: RunRow, task: str, trial: int) -> Path:
-    """Where the runner wrote this trial."""
-    run_dir = run_folder(run.team, run.run_id, _setting(run, "OUTPUT_DIR"))
+def trial_path(run: RunRow, task: str, trial: int) -> Path | None:
+    """Where the runner wrote this trial; None when the run's config puts it outside the team's own folders on a
+    cluster that confines teams (``RUNCTL_TEAM_PATHS``): a config naming another team's folder must not make the
+    tracker serve that team's files to it."""
+    output_dir = _setting(run, "OUTPUT_DIR")
     results = _setting(run, "RESULTS_DIR") if run.run_type == "infer" else None
+    if outside_team_areas(run.team, {"OUTPUT_DIR": output_dir, "RESULTS_DIR": results}):
+        return None
+    run_dir = run_folder(run.team, run.run_id, output_dir)
     return trial_folder(trials_folder(run_dir, results), task, trial)
 
 
 def trial_detail(run: RunRow, task: str, trial: int) -> dict[str, Any]:
     """Everything the trial browser shows; ``found`` is false when the folder is not reachable from here."""
     folder = trial_path(run, task, trial)
-    record_text = _read_text(folder / TRIAL_RECORD, folder)
-    if record_text is None:
+    record_text = _read_text(folder / TRIAL_RECORD, folder) if folder is not None else None
+    if folder is None or record_text is None:
         return {
             "found": False,
-            "folder": str(folder),
+            "folder": str(folder) if folder is not None else "",
             "trial": None,
             "turns": [],
             "reward": None,
@@ -137,13 +144,15 @@ def _open_plain(path: Path, base: Path) -> BinaryIO | None:
     try:
         if path.is_symlink() or base.resolve() not in path.resolve().parents:
             return None
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # Without blocking: a FIFO left there would hold the open until a writer came; it is refused below.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     f = os.fdopen(fd, "rb")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         f.close()
         return None
+    os.set_blocking(fd, True)
     return f
 
 
@@ -152,7 +161,9 @@ def _read_text(path: Path, base: Path) -> str | None:
     if f is None:
         return None
     with f:
-        return f.read().decode(errors="replace")
+        if os.fstat(f.fileno()).st_size > MAX_RECORD_BYTES:
+            return None
+        return f.read(MAX_RECORD_BYTES).decode(errors="replace")
 
 
 def _read_jsonl(path: Path, base: Path) -> list[dict[str, Any]]:

@@ -81,7 +81,7 @@ class Books:
         """The run's config, read back from its ``config.submitted`` event (the event log is the truth).
 
         Raises:
-            LauncherError: the run has no ``config.submitted``.
+            LauncherError: the run has no ``config.submitted``, or its config names another team than sent it.
             ForegroundRun: ``runctl run`` carries the run in its own process (unless ``foreground_too``).
             ConfigError: the submitted settings no longer validate.
         """
@@ -100,7 +100,17 @@ class Books:
         if submitted.via == "foreground" and not foreground_too:
             raise ForegroundRun(f"run {run_id} is carried by `runctl run` in its own process", run_id=run_id)
         values = submitted_values(submitted.run_type, submitted.resolved)  # over this cluster's site.env
-        return submitted, validate_settings(submitted.run_type, values, source=run_id)
+        config = validate_settings(submitted.run_type, values, source=run_id)
+        if config.team != team:
+            # The subject's team is who sent it (the bus lets a team publish on its own subjects only); the config
+            # may not claim another team's quota, folders or sandboxes.
+            raise LauncherError(
+                f"run {run_id} was submitted by team {team} but its config says TEAM={config.team}: it is not "
+                f"carried. Fix: submit it with TEAM={team}, or as team {config.team}.",
+                run_id=run_id,
+                team=team,
+            )
+        return submitted, config
 
 
 async def retrying(action: Callable[[], Awaitable[object]], what: str, window_s: float = RETRY_WINDOW_S) -> None:

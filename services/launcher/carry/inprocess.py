@@ -9,12 +9,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from runctl.config.models import RunConfig
+from runctl.config.models import RunConfig, TrainConfig
 from runctl.errors import BusError
 from runctl.events.payloads import Payload
 from services.launcher.carry.books import Books
 from services.launcher.carry.lifecycle import carry_to_end, run_dir_for
 from services.launcher.engines import RunContext
+from services.launcher.evalstore import eval_pin
 from services.launcher.ledger import LedgerEntry
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ async def carry_in_process(
     ctx = RunContext(run_id, team, config, run_dir, emit, save, dict(progress), cancelled, bus=books.bus)
     if pinned is not None:
         ctx.pinned_checkpoints = pinned
+    if isinstance(config, TrainConfig) and config.eval_on_checkpoint:
+        ctx.pin_checkpoint = eval_pin(books.bus, team, run_id)
     attempts = max(1, int(progress.get("job_attempt", 1)))
     try:
         end = await carry_to_end(ctx, cancelled_by, reraise=(BusError,), attempts=attempts)
