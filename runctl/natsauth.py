@@ -1,21 +1,33 @@
-"""NATS authorization for a shared cluster: who may publish, subscribe and call which JetStream API, generated from
-the team registry into ``nats-server``'s configuration (``deploy/nats/``).
+"""NATS tenancy for the bus: one account for runctl's services and one per team, generated from the team registry
+into ``nats-server``'s configuration (the embedded stack's and, by ``runctl team nats-config``, a shared cluster's).
 
-One user per team and one for runctl's services (and an admin, who reads everything). A team's user may:
+An account is NATS's unit of isolation: subjects, inboxes and JetStream assets (streams, consumers, their API) of one
+account do not exist for another. What crosses between accounts is only what the configuration exports and imports:
 
-- publish and subscribe on its own subjects, ``runctl.<team>.>``, and receive replies on its own inbox prefix
-  (``_INBOX_<team>``; clients connect with ``RUNCTL_NATS_INBOX_PREFIX``);
-- read account and stream information;
-- create a consumer on RUNS or TRIALS only with a name and a filter inside its own subjects — NATS puts both in the
-  API subject (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), so the server checks the filter before the
-  consumer exists; its messages are pushed to the team's inbox (no pull, no ack: a team never touches another's
-  consumer, and those it makes lapse on their own when idle);
-- fetch a stream's last message of one of its own subjects (``$JS.API.DIRECT.GET.<stream>.runctl.<team>.>``).
+- **The services' account** (``RUNCTL``) holds the services' user and the admin, and every stream runctl keeps
+  (RUNS, TRIALS, DEADLETTER, the key-value buckets).
+- **A team's account** (``team-<name>``) holds the team's user (its token is the password) and imports two things:
+  - as a *service*, the subjects of the events a team may author on its own runs (``runctl.<team>.*.<event>`` for
+    every event but those only the services write: :data:`SERVICES_ONLY`). A publish lands in the services' RUNS or
+    TRIALS stream and its acknowledgement comes back, as on a single-account bus;
+  - as a *stream*, ``runctl.<team>.>`` delivered as ``view.runctl.<team>.>``: every event the services and runners
+    publish about its runs. A stream of its own account keeps them (:data:`VIEW_STREAM`), where the team reads its
+    runs' history and live events. A stream import does not carry back what came in through the service import,
+    so the team's client adds a copy of each event it published itself (``runctl.bus``). The services make the
+    view as soon as the account exists (they import the team account's JetStream API as ``_runctl.js.<team>``, a
+    direction that gives the team nothing), and the team's client makes it on its first connection if it is
+    missing. The copies cost the services nothing when no team listens (a benchmark's bus, say): a message goes
+    to a team account only where that account has interest.
 
-Everything else is refused by the server: another team's subjects, consumers without a filter or filtered wider,
-the message ``get`` by sequence (any team's message), pulling from or acking on any consumer, consumer info and
-delete, and every stream create, update, purge and delete — so no team can read another's events or stop the
-services' durable consumers.
+So a team cannot name, list, read, pull from, update or delete anything of the services' JetStream or of another
+team, whatever its requests say: those requests reach only its own account's JetStream. A push consumer it makes
+delivers only onto subjects of its own account, and the only subjects there that leave it are its own authorable
+events — exactly what it may publish anyway. Its account's JetStream is bounded (:class:`BusLimits`: storage, one
+stream, a number of consumers), so a team fills only its own view.
+
+Nothing of the services' account is imported by a team account: a team account that imported any part of the
+services' JetStream API could have a push consumer deliver a body it wrote onto that import (deliveries are not
+checked against the user's permissions) and so act on the services' consumers.
 
 Passwords are given as bcrypt hashes (``nats-server`` checks a bcrypt hash in place of a password): the registry keeps
 no secret, and this file can be read without revealing one. Every password is 256 random bits that runctl made, never
@@ -24,6 +36,10 @@ try) and costs on every connection: the server checks the hash each time a clien
 smallest cost (``BCRYPT_ROUNDS``): about 1 ms of the server's CPU per connection instead of 250 ms at bcrypt's default
 of 12, which made a stack's start cost 3 CPU-seconds in ``nats-server`` alone and let any client that can reach the
 port (right password or not) keep a core busy with four connection attempts a second.
+
+nats-server 2.16 wires a service import of an account that a reload *introduces* only at the next reload (measured:
+a new team's publishes find no responder after one SIGHUP and land after a second), so whoever applies a new
+configuration reloads twice (``runctl.stack`` does; deploy/nats/README.md says so).
 """
 
 from __future__ import annotations
@@ -31,15 +47,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
-from runctl.subjects import PREFIX, _token
+from runctl.events.payloads import PAYLOADS
+from runctl.subjects import PREFIX, SYSTEM_PREFIX, _token
 
-#: Streams whose events a team reads (through consumers filtered to its subjects).
-TEAM_STREAMS = (RUNS_STREAM, TRIALS_STREAM)
+SERVICES_ACCOUNT = "RUNCTL"
 SERVICES_USER = "runctl"
 ADMIN_USER = "admin"
 #: bcrypt's cost for a password of 256 random bits (see above).
 BCRYPT_ROUNDS = 4
+#: Prefix of a team's copy of its runs' events (``view.runctl.<team>.<run>.<event>``).
+VIEW_PREFIX = "view"
+#: The stream in a team's account that keeps its view.
+VIEW_STREAM = "VIEW"
+#: Events only runctl's services write: a team's account does not import their subjects.
+SERVICES_ONLY = ("run.queued", "run.admitted", "eval.requested", "sandbox.created", "sandbox.destroyed")
 
 
 def nats_hash(secret: str) -> str:
@@ -49,9 +70,45 @@ def nats_hash(secret: str) -> str:
     return bcrypt.hashpw(secret.encode(), bcrypt.gensalt(BCRYPT_ROUNDS)).decode()
 
 
-def inbox_prefix(team: str) -> str:
-    """Where a team's connection receives replies (``RUNCTL_NATS_INBOX_PREFIX``)."""
-    return f"_INBOX_{_token(team, 'team')}"
+def team_account(team: str) -> str:
+    return f"team-{_token(team, 'team')}"
+
+
+def view_subject(subject: str) -> str:
+    """Where the copy of an event published on ``subject`` reaches its team's account."""
+    return f"{VIEW_PREFIX}.{subject}"
+
+
+def unviewed(subject: str) -> str:
+    """The event subject a view subject copies (unchanged when it is not a view subject)."""
+    return subject.removeprefix(f"{VIEW_PREFIX}.")
+
+
+def team_api(team: str) -> str:
+    """The prefix under which the services' account reaches a team account's JetStream API (to make its view)."""
+    return f"{SYSTEM_PREFIX}.js.{_token(team, 'team')}"
+
+
+def authored_events() -> list[str]:
+    """The events a team may publish about its own runs (a foreground run publishes all of these)."""
+    return [p.event_name for p in PAYLOADS if p.event_name not in SERVICES_ONLY]
+
+
+@dataclass(frozen=True)
+class BusLimits:
+    """What a team's account may keep in JetStream: its view and the consumers that read it."""
+
+    storage_bytes: int = 256 * 1024**2
+    streams: int = 1
+    consumers: int = 64
+
+    def jetstream(self) -> dict[str, int]:
+        return {
+            "max_file": self.storage_bytes,
+            "max_mem": 0,
+            "max_streams": self.streams,
+            "max_consumers": self.consumers,
+        }
 
 
 @dataclass(frozen=True)
@@ -59,31 +116,72 @@ class NatsUser:
     name: str
     password_hash: str
     """bcrypt (``$2a$``/``$2b$``), as ``nats-server`` checks it."""
+    limits: BusLimits = BusLimits()
 
 
-def team_permissions(team: str) -> dict[str, object]:
-    own = f"{PREFIX}.{_token(team, 'team')}.>"
-    api = "$JS.API"
-    publish = [own, f"{api}.INFO", *(f"{api}.STREAM.INFO.{s}" for s in TEAM_STREAMS)]
-    publish += [f"{api}.CONSUMER.CREATE.{s}.*.{own}" for s in TEAM_STREAMS]
-    publish += [f"{api}.DIRECT.GET.{s}.{own}" for s in TEAM_STREAMS]
-    publish += ["$JS.FC.>"]  # flow-control replies of the push consumers it made
+def team_subjects(team: str) -> list[str]:
+    """The subjects a team's account imports as a service (one per event it may author)."""
+    own = f"{PREFIX}.{_token(team, 'team')}"
+    return [f"{own}.*.{name}" for name in authored_events()]
+
+
+def _team_account(team: NatsUser) -> dict[str, object]:
+    view = view_subject(f"{PREFIX}.{team.name}.>")
+    imports: list[dict[str, object]] = [
+        {"service": {"account": SERVICES_ACCOUNT, "subject": s}} for s in team_subjects(team.name)
+    ]
+    imports.append({"stream": {"account": SERVICES_ACCOUNT, "subject": f"{PREFIX}.{team.name}.>"}, "to": view})
     return {
-        "publish": {"allow": publish},
-        "subscribe": {"allow": [own, f"{inbox_prefix(team)}.>"]},
-        "allow_responses": False,
+        "jetstream": team.limits.jetstream(),
+        "users": [{"user": team.name, "password": team.password_hash}],
+        "imports": imports,
+        # The services make the team's view (and may inspect it); nothing of theirs is reachable from here.
+        "exports": [{"service": "$JS.API.>", "accounts": [SERVICES_ACCOUNT]}],
     }
+
+
+def _services_account(services: NatsUser, admin: NatsUser | None, teams: list[NatsUser]) -> dict[str, object]:
+    users = [{"user": services.name, "password": services.password_hash}]
+    if admin is not None:
+        users.append({"user": admin.name, "password": admin.password_hash})
+    exports: list[dict[str, object]] = []
+    imports: list[dict[str, object]] = []
+    for team in teams:
+        to = [team_account(team.name)]
+        exports += [{"service": s, "accounts": to} for s in team_subjects(team.name)]
+        exports.append({"stream": f"{PREFIX}.{team.name}.>", "accounts": to})
+        api = {"account": team_account(team.name), "subject": "$JS.API.>"}
+        imports.append({"service": api, "to": f"{team_api(team.name)}.>"})
+    return {"jetstream": "enabled", "users": users, "exports": exports, "imports": imports}
 
 
 def server_config(
     listen: str, store_dir: str, services: NatsUser, admin: NatsUser | None, teams: list[NatsUser]
 ) -> str:
-    """``nats-server``'s configuration: JetStream at ``store_dir``, listening on ``listen`` (host:port), and the users
-    above. JSON is valid NATS configuration syntax, so values are written as JSON (no quoting of one's own)."""
-    users: list[dict[str, object]] = [{"user": services.name, "password": services.password_hash}]
-    if admin is not None:
-        users.append({"user": admin.name, "password": admin.password_hash})
+    """``nats-server``'s configuration: JetStream at ``store_dir``, listening on ``listen`` (host:port), the
+    services' account and one account per team. JSON is valid NATS configuration syntax, so values are written as
+    JSON (no quoting of one's own)."""
+    accounts = {SERVICES_ACCOUNT: _services_account(services, admin, teams)}
     for team in teams:
-        users.append({"user": team.name, "password": team.password_hash, "permissions": team_permissions(team.name)})
-    config = {"listen": listen, "jetstream": {"store_dir": store_dir}, "authorization": {"users": users}}
+        accounts[team_account(team.name)] = _team_account(team)
+    config = {"listen": listen, "jetstream": {"store_dir": store_dir}, "accounts": accounts}
     return "# Generated by runctl from its team registry; edits here are overwritten.\n" + json.dumps(config, indent=2)
+
+
+def config_users(text: str) -> list[NatsUser]:
+    """The team users of a configuration :func:`server_config` wrote."""
+    body = json.loads(text[text.index("{") :])
+    users = []
+    for name, account in body.get("accounts", {}).items():
+        if name == SERVICES_ACCOUNT:
+            continue
+        limits = account.get("jetstream", {})
+        for user in account.get("users", []):
+            users.append(
+                NatsUser(
+                    user["user"],
+                    user["password"],
+                    BusLimits(limits["max_file"], limits["max_streams"], limits["max_consumers"]),
+                )
+            )
+    return users

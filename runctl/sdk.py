@@ -13,14 +13,12 @@ import getpass
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
-
-from nats.js import api
 
 from runctl.bus.client import Bus
 from runctl.config.loader import ResolvedConfig, load_config
@@ -29,6 +27,7 @@ from runctl.events import CancelRequested, ConfigSubmitted, Event, new_event, pa
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
 from runctl.events.state import TERMINAL, target_state
 from runctl.home import read_stack_state
+from runctl.natsauth import VIEW_STREAM, view_subject
 from runctl.subjects import run_filter
 
 DEFAULT_TRACKER_URL = "http://127.0.0.1:8750"
@@ -255,10 +254,18 @@ class RunctlClient:
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
         async def push(msg: Any) -> None:
-            await queue.put(parse_event(msg.data))
+            event = parse_event(msg.data)
+            if include_trials or event.stream != TRIALS_STREAM:
+                await queue.put(event)
 
-        streams = [RUNS_STREAM, TRIALS_STREAM] if include_trials else [RUNS_STREAM]
-        subs = [await _watch_consumer(bus, s, run_id, push) for s in streams]
+        if bus.team is not None:  # a team reads the copy of its runs' events in its own account (runctl.natsauth)
+            filtered = view_subject(run_filter(run_id, bus.team))
+            subs = [await bus.js.subscribe(filtered, stream=VIEW_STREAM, ordered_consumer=True, cb=push)]
+        else:
+            streams = [RUNS_STREAM, TRIALS_STREAM] if include_trials else [RUNS_STREAM]
+            subs = [
+                await bus.js.subscribe(run_filter(run_id), stream=s, ordered_consumer=True, cb=push) for s in streams
+            ]
         ending: Event | None = None
         trial_ids: set[str] = set()
         try:
@@ -356,18 +363,3 @@ async def import_events(client: RunctlClient, run_dir: Path) -> tuple[int, int]:
 
 def _num_trials(ending: Event) -> int:
     return int(getattr(ending.data, "num_trials", 0))
-
-
-async def _watch_consumer(bus: Bus, stream: str, run_id: str, push: Callable[[Any], Awaitable[None]]) -> Any:
-    """A consumer of a run's events in ``stream`` from the first. On a team's connection it is named and filtered to
-    the team's own subjects, the only consumers the bus lets a team make (runctl.natsauth): it is pushed to the
-    team's inbox, acks nothing, and lapses on its own once idle. Elsewhere, an ordered consumer."""
-    if bus.team is None:
-        return await bus.js.subscribe(run_filter(run_id), stream=stream, ordered_consumer=True, cb=push)
-    config = api.ConsumerConfig(
-        name=f"{bus.team}-watch-{secrets.token_hex(8)}",
-        ack_policy=api.AckPolicy.NONE,
-        deliver_policy=api.DeliverPolicy.ALL,
-        inactive_threshold=60.0,
-    )
-    return await bus.js.subscribe(run_filter(run_id, bus.team), stream=stream, config=config, cb=push)

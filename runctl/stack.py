@@ -172,7 +172,11 @@ class Supervisor:
         return f"nats://127.0.0.1:{self.nats_port}"
 
     def _reload_nats(self) -> bool:
-        """Reload nats-server's configuration; True once its log says it did (within 10 s)."""
+        """Reload nats-server's configuration twice (a team account a reload adds gets its imports wired only by the
+        next one: :mod:`runctl.natsauth`); True once its log says it did both (within 10 s each)."""
+        return self._reload_once() and self._reload_once()
+
+    def _reload_once(self) -> bool:
         proc = self.nats.proc
         if proc is None or proc.poll() is not None:
             return False  # restarting: it reads the file when it starts
@@ -285,9 +289,9 @@ class Supervisor:
 
 
 class TeamSync(threading.Thread):
-    """Keeps the embedded bus's users in step with the team registry (:mod:`runctl.stackbus`): polls the registry's
-    sequence, and when it moved, rewrites ``nats.conf`` if the teams' users changed, reloads nats-server (and waits
-    for its log to say so), and only then records the sequence as applied."""
+    """Keeps the embedded bus's accounts in step with the team registry (:mod:`runctl.stackbus`): polls the
+    registry's sequence, and when it moved, rewrites ``nats.conf`` if the teams' users changed, reloads nats-server
+    (and waits for its log to say so), makes each team's view, and only then records the sequence as applied."""
 
     POLL_S = 0.25
 
@@ -331,7 +335,9 @@ class TeamSync(threading.Thread):
             self.unloaded = not await asyncio.to_thread(self.reload)
             if self.unloaded:
                 return  # tried again on the next round
-            print(f"bus users: services, admin and {len(teams)} team(s); nats-server reloaded", flush=True)
+            print(f"bus accounts: services and {len(teams)} team(s); nats-server reloaded", flush=True)
+        for team in teams:  # each team's view exists before the change counts as applied (runctl.natsauth)
+            await registry.bus.ensure_view(team.name)
         stackbus.mark_applied(self.base, seq)
         self.applied = seq
 

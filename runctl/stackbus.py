@@ -2,13 +2,14 @@
 
 - ``$RUNCTL_HOME/bus-users.json`` (mode 0600, written once) holds the random passwords of the services' user and of
   the admin, with their bcrypt hashes.
-- ``$RUNCTL_HOME/nats.conf`` (mode 0600) is nats-server's configuration: those two users and one user per team of the
-  registry, with the permissions of :mod:`runctl.natsauth` — the same file ``runctl team nats-config`` writes for a
-  shared cluster's bus.
+- ``$RUNCTL_HOME/nats.conf`` (mode 0600) is nats-server's configuration: those two users in the services' account and
+  one account per team of the registry, as :mod:`runctl.natsauth` lays them out — the same file
+  ``runctl team nats-config`` writes for a shared cluster's bus.
 - The supervisor keeps that file in step with the team registry (:class:`runctl.stack.TeamSync`): when the
-  registry's key-value stream moves, it rewrites the file if the teams' users differ and reloads nats-server
-  (SIGHUP), then records the registry sequence it applied in ``bus-auth.json``; ``runctl team add|rotate|remove``
-  returns once the bus has taken its change, so a rotated token is cut off before the command ends.
+  registry's key-value stream moves, it rewrites the file if the teams' users differ, reloads nats-server (SIGHUP,
+  twice: see :mod:`runctl.natsauth`) and makes each team's view, then records the registry sequence it applied in
+  ``bus-auth.json``; ``runctl team add|rotate|remove`` returns once the bus has taken its change, so a rotated token
+  is cut off before the command ends.
 
 Who logs in how: the services, and every runner the launcher starts, as the services' user (``RUNCTL_NATS_URL``
 carries it, set by the supervisor); a team's CLI and SDK with the team's token; and the CLI of whoever started the
@@ -26,7 +27,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from runctl.home import StackState, home, is_same_process, read_stack_state
-from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, nats_hash, server_config
+from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, config_users, nats_hash, server_config
 
 USERS_FILE = "bus-users.json"
 CONFIG_FILE = "nats.conf"
@@ -87,9 +88,7 @@ def config_teams(base: Path) -> list[NatsUser]:
         text = (base / CONFIG_FILE).read_text()
     except FileNotFoundError:
         return []
-    body = json.loads(text[text.index("{") :])
-    users = body.get("authorization", {}).get("users", [])
-    return [NatsUser(u["user"], u["password"]) for u in users if u["user"] not in (SERVICES_USER, ADMIN_USER)]
+    return config_users(text)
 
 
 def write_config(base: Path, port: int, logins: dict[str, Login], teams: list[NatsUser]) -> None:

@@ -6,6 +6,9 @@ Streams (created idempotently by every service at start, from the event catalogu
     TRIALS      ``trial.finished`` (hundreds per step); bounded by age and size
     DEADLETTER  messages a consumer gave up on, with the error in headers
 
+A team's login reads only VIEW, a stream of its own account that keeps a copy of its runs' events
+(:mod:`runctl.natsauth`).
+
 Publishing sets ``Nats-Msg-Id`` to the event id, so JetStream drops a repeat inside its duplicate window; every
 consumer is idempotent for repeats outside it.
 """
@@ -33,7 +36,15 @@ from nats.js import JetStreamContext, api
 from runctl.errors import BusError, BusUnreachableError, EventError, PublishError
 from runctl.events.envelope import Event, parse_event
 from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
-from runctl.subjects import DEADLETTER_STREAM, deadletter_filter, deadletter_subject, event_filter, parse_event_subject
+from runctl.natsauth import VIEW_STREAM, team_api, view_subject
+from runctl.subjects import (
+    DEADLETTER_STREAM,
+    deadletter_filter,
+    deadletter_subject,
+    event_filter,
+    parse_event_subject,
+    team_filter,
+)
 from runctl.tokens import team_of_token
 
 log = logging.getLogger(__name__)
@@ -278,12 +289,8 @@ class Bus:
         named = "@" in target.partition("://")[2]
         login = credentials() if as_team and not named else None
         who: dict[str, Any] = {}
-        inbox = os.environ.get("RUNCTL_NATS_INBOX_PREFIX", "_INBOX")
         if login is not None:
-            from runctl.natsauth import inbox_prefix
-
             who = {"user": login[0], "password": login[1]}
-            inbox = os.environ.get("RUNCTL_NATS_INBOX_PREFIX") or inbox_prefix(login[0])
         elif not named:
             from runctl.stackbus import admin_login
 
@@ -302,8 +309,6 @@ class Bus:
                 allow_reconnect=reconnect,
                 # nats-py loops forever on 0; 1 means: try, wait reconnect_time_wait, try once more, give up.
                 max_reconnect_attempts=-1 if reconnect else 1,
-                # A team user of a shared cluster receives replies only under its own prefix (runctl.natsauth).
-                inbox_prefix=inbox,
                 reconnect_time_wait=0.5,  # type: ignore[arg-type]  # nats-py annotates int, sleeps on a float
                 error_cb=remember,
             )
@@ -312,11 +317,47 @@ class Bus:
             reason = errors[-1] if errors else e
             raise BusUnreachableError(masked_url(target), str(reason) or type(reason).__name__) from e
         bus = cls(nc, target)
-        bus.team = login[0] if login is not None else None
+        if login is not None:
+            bus.team = login[0]
+            await bus.ensure_view()
         return bus
 
+    async def ensure_view(self, team: str | None = None) -> None:
+        """The stream of a team's account that keeps the copy of its runs' events (:mod:`runctl.natsauth`), as large
+        as the account may keep: on a team's login its own (made on its first connection, before it can submit
+        anything); on the services' login, ``team``'s, through the import of its account's JetStream API."""
+        team = team or self.team
+        assert team is not None
+        js = self.js if team == self.team else self.nc.jetstream(prefix=team_api(team))
+        try:
+            await js.stream_info(VIEW_STREAM)
+            return
+        except nats.js.errors.NotFoundError:
+            pass
+        except nats.errors.Error as e:
+            raise BusError(
+                f"the bus did not answer a JetStream request in team {team}'s account ({type(e).__name__}: {e}): "
+                "its configuration predates team accounts or has not taken the team yet. Fix: the operator "
+                "regenerates it with `runctl team nats-config` and reloads nats-server twice (deploy/nats/README.md)."
+            ) from e
+        account = await js.account_info()
+        config = api.StreamConfig(
+            name=VIEW_STREAM,
+            subjects=[view_subject(team_filter(team))],
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.LIMITS,
+            discard=api.DiscardPolicy.OLD,
+            max_bytes=account.limits.max_storage if account.limits.max_storage > 0 else None,
+        )
+        with contextlib.suppress(nats.js.errors.BadRequestError):  # another client of the team made it first
+            await js.add_stream(config)
+
     async def ensure_streams(self, limits: StreamLimits = StreamLimits()) -> None:
-        """Create the streams, or bring an existing one's subjects and limits up to date. Safe to race."""
+        """Create the streams, or bring an existing one's subjects and limits up to date. Safe to race. On a team's
+        login, its view (the services' streams are not in its account)."""
+        if self.team is not None:
+            await self.ensure_view()
+            return
         for config in stream_configs(limits):
             try:
                 info = await self.js.stream_info(config.name)  # type: ignore[arg-type]
@@ -336,7 +377,7 @@ class Bus:
             PublishError: no acknowledgement (no stream, timeout, server error).
         """
         try:
-            return await self.js.publish(
+            ack = await self.js.publish(
                 event.nats_subject,
                 event.to_json(),
                 timeout=timeout_s,
@@ -350,6 +391,9 @@ class Bus:
                 team=event.team,
                 subject=event.nats_subject,
             ) from e
+        if self.team is not None:
+            await self._keep_own([event], timeout_s)
+        return ack
 
     async def publish_many(self, events: Iterable[Event], timeout_s: float = 10.0) -> list[api.PubAck]:
         """Publish many events pipelined, then wait for every acknowledgement.
@@ -361,6 +405,23 @@ class Bus:
             PublishError: any event was not acknowledged; the others may have been recorded.
         """
         batch = list(events)
+        acks = await self._publish_batch(batch, timeout_s, lambda e: e.nats_subject)
+        if self.team is not None:
+            await self._keep_own(batch, timeout_s)
+        return acks
+
+    async def _keep_own(self, events: list[Event], timeout_s: float) -> None:
+        """A team's copy of the events it published, in its own view: the services' account sends a team account
+        the events the services publish, not those that came in from the team (:mod:`runctl.natsauth`). The
+        events are recorded either way; a copy that fails leaves a gap in the team's own view only."""
+        try:
+            await self._publish_batch(events, timeout_s, lambda e: view_subject(e.nats_subject))
+        except PublishError as e:
+            log.warning("the events are recorded, but team %s's view lacks its copy: %s", self.team, e)
+
+    async def _publish_batch(
+        self, batch: list[Event], timeout_s: float, subject: Callable[[Event], str]
+    ) -> list[api.PubAck]:
         if not batch:
             return []
         pending = _AckBatch(len(batch))
@@ -371,7 +432,7 @@ class Bus:
                 if pending.outstanding(index) >= self._window:
                     await pending.wait_below(index - self._window // 2, timeout_s)
                 await self.nc.publish(
-                    event.nats_subject, event.to_json(), reply=prefix + str(index), headers={"Nats-Msg-Id": event.id}
+                    subject(event), event.to_json(), reply=prefix + str(index), headers={"Nats-Msg-Id": event.id}
                 )
             await pending.wait_all(timeout_s)
         except TimeoutError:

@@ -51,7 +51,7 @@ def _print_token(name: str, token: str, what: str) -> None:
     console = new_console()
     console.print(f"[green]{what}[/] team {name}. Its token, shown this once (keep it secret; rotate it if it leaks):")
     console.print(f"  RUNCTL_TOKEN={token}")
-    console.print(f"  bus credentials: user {name}, password the token; RUNCTL_NATS_INBOX_PREFIX=_INBOX_{name}")
+    console.print(f"  bus credentials: user {name}, password the token (its own account on the bus)")
 
 
 @team_app.command("add")
@@ -123,9 +123,9 @@ def team_nats_config(
         bool, typer.Option(help="The services and the admin only, without the registry: the first start of the bus.")
     ] = False,
 ) -> None:
-    """Write nats-server's configuration from the team registry: the services' user (password from
-    $RUNCTL_SERVICES_PASSWORD), the admin (from $RUNCTL_ADMIN_PASSWORD), and each team's user with its permissions.
-    Reload nats-server after (SIGHUP): a removed team or a rotated token is cut off within seconds."""
+    """Write nats-server's configuration from the team registry: the services' account with its user (password from
+    $RUNCTL_SERVICES_PASSWORD) and the admin (from $RUNCTL_ADMIN_PASSWORD), and one account per team with its user.
+    Reload nats-server twice after (SIGHUP): a removed team or a rotated token is cut off within seconds."""
     import bcrypt
 
     from runctl.errors import RunctlError
@@ -146,4 +146,7 @@ def team_nats_config(
         [NatsUser(t.name, t.nats_bcrypt) for t in teams],
     )
     write_private(out, text)
-    new_console().print(f"wrote {out}: {len(teams)} team(s). Reload nats-server to apply it (kill -HUP <its pid>).")
+    new_console().print(
+        f"wrote {out}: {len(teams)} team(s). Reload nats-server twice to apply it (kill -HUP <its pid>, twice: a "
+        "team account added by a reload takes its imports at the next one)."
+    )

@@ -17,7 +17,6 @@ When an eval run ends, its checkpoint is no longer pinned, and the parent's chec
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from runctl.events import CheckpointSaved, ConfigSubmitted, EvalRequested, Event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import submission_event
 from runctl.subjects import event_subject
-from services.launcher.carry.books import Books
+from services.launcher.carry.books import Books, failing_checks
 from services.launcher.carry.lifecycle import run_dir_for
 from services.launcher.evalstore import EvalEntry, EvalStore, eval_run_id
 from services.launcher.trainer import checkpoints
@@ -128,10 +127,7 @@ class Evals:
         configs into its folder or prunes checkpoints there, its config passes the validator's static checks (its
         folders inside its team's, say). Once per run."""
         if run_id not in self.checked:
-            from services.validator.library import check_config  # the validator's public face
-
-            results = await asyncio.to_thread(check_config, config)
-            fatal = [f"{r.id}: {r.message}" for r in results if r.severity == "fatal"]
+            fatal = await failing_checks(config)
             if fatal:
                 log.warning(
                     "%s: no eval runs of its checkpoints, its config fails checks: %s", run_id, "; ".join(fatal)

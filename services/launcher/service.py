@@ -46,7 +46,7 @@ from services.launcher.admission import (
     never_fits,
 )
 from services.launcher.carry.as_job import JobCarrier
-from services.launcher.carry.books import Books, retrying
+from services.launcher.carry.books import Books, failing_checks, retrying
 from services.launcher.carry.inprocess import carry_in_process
 from services.launcher.carry.rayjob import RayJobs
 from services.launcher.errors import ForegroundRun, LauncherError
@@ -133,6 +133,16 @@ class Launcher:
             return  # `runctl run` carries it in its own process
         except (ConfigError, LauncherError) as e:
             await books.end_failed(team, run_id, "admission", e)
+            return
+        fatal = await failing_checks(config)
+        if fatal:
+            error = LauncherError(
+                f"run {run_id} has a config.validated but its config fails the validator's checks "
+                f"({'; '.join(fatal)}): it is not carried. Fix: correct the config and submit it again.",
+                run_id=run_id,
+                team=team,
+            )
+            await books.end_failed(team, run_id, "admission", error)
             return
         demand = demand_of(config)
         queued = Queued(team, demand.as_dict(), PRIORITIES[config.priority], event.time.timestamp())

@@ -375,5 +375,7 @@ def test_the_launcher_validates_again_just_before_launch(services: Services, tmp
     model.rmdir()
     services.start("launcher")
     record = wait_for_state(services, run_id, "failed")
-    assert record["run"]["error"]["phase"] == "validate"
+    # The launcher runs the validator's checks itself before it admits a run (it takes no config.validated on
+    # trust), so the missing model is found at admission; the runner checks once more just before it launches.
+    assert record["run"]["error"]["phase"] == "admission"
     assert "paths.model" in record["run"]["error"]["message"]

@@ -179,9 +179,16 @@ def kill_the_runner_after(services: Services, run_id: str, trials: int) -> int:
     """SIGKILL the run's runner once ``trials`` trials are recorded (the runner dies; its job, and nothing else,
     goes with it); returns how many trials it had recorded by then."""
     wait_until(lambda: recorded_trials(services, run_id) >= trials, 240, f"{trials} trials", interval_s=0.5)
-    wait_until(lambda: len(runner_drivers(run_id)) == 1, 120, "the run's runner")
-    (driver,) = runner_drivers(run_id)
-    os.kill(driver, signal.SIGKILL)
+    drivers: list[int] = []
+
+    def one_runner() -> bool:
+        # One look at /proc, used for the kill too: a look taken while the runner forks a process (which bears its
+        # command line until it execs) sees two.
+        drivers[:] = runner_drivers(run_id)
+        return len(drivers) == 1
+
+    wait_until(one_runner, 120, "the run's runner")
+    os.kill(drivers[0], signal.SIGKILL)
     return recorded_trials(services, run_id)
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from runctl.bus import Bus
 from runctl.bus.kv import bucket_keys
-from runctl.natsauth import SERVICES_USER, NatsUser, inbox_prefix, nats_hash, server_config
+from runctl.natsauth import SERVICES_USER, NatsUser, nats_hash, server_config
 from runctl.stack import nats_server_binary
 from runctl.teams import BUCKET, TeamError, TeamRegistry
 from runctl.tokens import token_digest
@@ -114,10 +114,7 @@ async def test_a_rotated_token_is_cut_off_from_the_bus_within_seconds_of_the_rel
     try:
         wait_until(lambda: _listening(port), 10, "the secured nats-server")
         url = f"nats://127.0.0.1:{port}"
-        team = await nats.connect(
-            url, user="nlp", password=old, inbox_prefix=inbox_prefix("nlp"), allow_reconnect=False,
-            disconnected_cb=on_disconnect,
-        )  # fmt: skip
+        team = await nats.connect(url, user="nlp", password=old, allow_reconnect=False, disconnected_cb=on_disconnect)
         _, new = await registry.rotate("nlp")
         await write_config()
         rotated_at = time.monotonic()
@@ -125,7 +122,7 @@ async def test_a_rotated_token_is_cut_off_from_the_bus_within_seconds_of_the_rel
         await asyncio.wait_for(disconnected.wait(), 10)
         cut_after = time.monotonic() - rotated_at
         assert "Authorization" in await login_refused(url, user="nlp", password=old)
-        fresh = await nats.connect(url, user="nlp", password=new, inbox_prefix=inbox_prefix("nlp"))
+        fresh = await nats.connect(url, user="nlp", password=new)
         await fresh.publish("runctl.nlp.r1.x", b"ok")
         await fresh.close()
         assert team.is_closed or not team.is_connected
@@ -160,6 +157,8 @@ async def test_a_team_watches_its_own_run_with_its_token_and_sees_no_other_teams
         url = f"nats://127.0.0.1:{port}"
         svc = await Bus.connect(f"nats://{SERVICES_USER}:svc@127.0.0.1:{port}")
         await svc.ensure_streams()
+        for team in ("vision", "nlp"):  # as the stack does once a team's account exists
+            await svc.ensure_view(team)
         for team in ("vision", "nlp"):  # the same run id in two teams
             await svc.publish(new_event(RunQueued(position=0, reason=team), team=team, run_id="r1", source="t"))
             await svc.publish(new_event(RunSucceeded(), team=team, run_id="r1", source="t"))

@@ -131,3 +131,36 @@ async def test_a_config_claiming_another_team_is_rejected_and_never_carried(bus:
     books = Books(bus, await Ledger.open(bus), "/runctl/launcher")
     with pytest.raises(RunctlError, match="submitted by team nlp but its config says TEAM=vision"):
         await books.submitted_config("nlp", "r-claims-vision")
+
+
+def test_a_teams_own_config_validated_does_not_carry_a_config_that_fails_the_checks(
+    services: Services, tmp_path: Path
+) -> None:
+    """A team may publish config.validated on its own subjects (a foreground run publishes its own): for a config
+    that fails the validator's checks, written with no validator running, the launcher runs the checks itself and
+    fails the run at admission, naming the check; nothing is launched."""
+    from runctl.config import load_config
+    from runctl.events import ConfigValidated
+    from runctl.sdk import RunctlClient
+    from tests.integration.test_lifecycle import wait_for_state
+
+    config = tmp_path / "eval.env"
+    values = {"RUN_TYPE": "eval", "TEAM": "nlp", "PROJECT_NAME": "p", "EXP_NAME": "forged", "NGPUS_PER_NODE": "0"}
+    values |= {"GEN_TP": "1", "MODEL_PATH": str(tmp_path / "no-model"), "DATASET_PATH": str(TASKS)}
+    config.write_text("".join(f"{k}={v}\n" for k, v in values.items()) + "AGENT_NAME=oracle\n")
+    resolved = load_config(config, environ={})
+    services.start("tracker")
+    services.start("launcher")
+
+    async def submit_and_validate_it_ourselves() -> str:
+        async with RunctlClient(services.nats_url, services.tracker_url) as client:
+            run_id = (await client.submit(resolved)).run_id
+            forged = new_event(ConfigValidated(checks=[]), team="nlp", run_id=run_id, source="/runctl/validator")
+            await (await client.bus()).publish(forged)
+            return run_id
+
+    run_id = asyncio.run(submit_and_validate_it_ourselves())
+    record = wait_for_state(services, run_id, "failed")
+    assert record["run"]["error"]["phase"] == "admission"
+    assert "paths.model" in record["run"]["error"]["message"]
+    assert not any(e["name"] in ("run.admitted", "phase.started") for e in record["events"])

@@ -65,7 +65,6 @@ def test_a_runner_job_gets_only_the_settings_the_runner_reads(monkeypatch: pytes
         "RUNCTL_DB_URL": "postgresql://tracker:dbpass@db/runctl",
         "RUNCTL_PROXY_ADMIN_TOKEN": "admin-token",
         "RUNCTL_SANDBOX_CAPS": "nlp=4",
-        "RUNCTL_NATS_INBOX_PREFIX": "_INBOX_nlp",
         "RUNCTL_HOME": "/srv/runctl",
     }.items():
         monkeypatch.setenv(name, value)
@@ -73,7 +72,6 @@ def test_a_runner_job_gets_only_the_settings_the_runner_reads(monkeypatch: pytes
     books = Books(SimpleNamespace(url="nats://runctl:pw@bus:4222"), None, "/runctl/launcher")  # type: ignore[arg-type]
     env = JobCarrier(books, None).job_env()  # type: ignore[arg-type]
     assert env == {
-        "RUNCTL_NATS_INBOX_PREFIX": "_INBOX_nlp",
         "RUNCTL_NATS_URL": "nats://runctl:pw@bus:4222",
         "RUNCTL_HOME": "/srv/runctl",
         "RUNCTL_SANDBOX_CAPS": "nlp=4",  # the runner books its sandboxes against the team's cap

@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 JOB_POLL_S = 1.0
 #: The launcher's environment a runner job is given (besides RUNCTL_NATS_URL and RUNCTL_HOME, always set).
 RUNNER_ENV = (
-    "RUNCTL_NATS_INBOX_PREFIX",
     "RUNCTL_SITE_ENV",
     "RUNCTL_LOG_LEVEL",
     "RUNCTL_NODES_TIMEOUT_SEC",

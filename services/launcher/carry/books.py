@@ -113,6 +113,17 @@ class Books:
         return submitted, config
 
 
+async def failing_checks(config: RunConfig) -> list[str]:
+    """The validator's static checks that fail on ``config`` ("id: message" each), run here in a thread: the
+    launcher acts on no one's word that a config passed them — a ``config.validated`` on a team's subject may have
+    been written by the team (a foreground run publishes its own), and ``runctl run``'s runs are not checked by the
+    validator service at all."""
+    from services.validator.library import check_config  # the validator's public face
+
+    results = await asyncio.to_thread(check_config, config)
+    return [f"{r.id}: {r.message}" for r in results if r.severity == "fatal"]
+
+
 async def retrying(action: Callable[[], Awaitable[object]], what: str, window_s: float = RETRY_WINDOW_S) -> None:
     """Retry an idempotent bus operation through a short outage (the connection reconnects by itself).
 

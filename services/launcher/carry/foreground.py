@@ -33,6 +33,7 @@ from runctl.errors import BusError
 from runctl.events import CancelRequested, Event, new_event
 from runctl.events.payloads import Payload
 from runctl.home import private_folder, write_atomic
+from runctl.natsauth import view_subject
 from runctl.subjects import event_subject
 from services.launcher.carry.lifecycle import carry_to_end, run_dir_for
 from services.launcher.engines import RunContext
@@ -105,6 +106,8 @@ class BusMirror:
             cancelled.set()
 
         subject = event_subject(team, run_id, CancelRequested.event_name)
+        if self.bus.team is not None:  # in a team's account, its copy of the request (runctl.natsauth)
+            subject = view_subject(subject)
         try:
             self._cancel_sub = await self.bus.nc.subscribe(subject, cb=on_cancel)
         except nats.errors.Error as e:  # a user without the right to read it: Ctrl-C still cancels
