@@ -131,8 +131,7 @@ class OwnedGroup:
 def own_group(name: str, pid: int, extra: dict[str, str] | None = None, base: Path | None = None) -> OwnedGroup:
     """Record the process group led by ``pid`` as the stack's to stop (``runctl down`` stops it)."""
     group = OwnedGroup(name, pid, process_start_ticks(pid) or 0, dict(extra or {}))
-    folder = (base or home()) / OWNED_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_folder((base or home()) / OWNED_DIR)  # a record may hold its group's secret (a Ray token)
     write_atomic(folder / f"{name}.json", json.dumps(asdict(group)))
     return group
 

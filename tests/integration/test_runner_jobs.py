@@ -72,7 +72,7 @@ def jobs_of(services: Services, run_id: str) -> list[Any]:
     from ray.job_submission import JobSubmissionClient
 
     head = json.loads((services.home / "owned" / "ray-head.json").read_text())
-    client = JobSubmissionClient(head["extra"]["url"])
+    client = JobSubmissionClient(head["extra"]["url"], headers={"Authorization": f"Bearer {head['extra']['token']}"})
     return [j for j in client.list_jobs() if (j.metadata or {}).get("runctl_run") == run_id]
 
 

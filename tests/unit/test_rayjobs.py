@@ -26,7 +26,7 @@ def test_concurrent_callers_share_one_local_head(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(RayJobs, "_start_head", start_head)
     monkeypatch.setattr(RayJobs, "_reuse_head", lambda self: None)
     fake = types.ModuleType("ray.job_submission")
-    fake.JobSubmissionClient = lambda url: ("client", url)  # type: ignore[attr-defined]
+    fake.JobSubmissionClient = lambda url, headers=None: ("client", url)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ray.job_submission", fake)
     jobs = RayJobs()
     got: list[Any] = []

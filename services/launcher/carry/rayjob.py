@@ -3,7 +3,10 @@
 The jobs server is ``RUNCTL_RAY_JOBS_URL`` (a cluster's dashboard, ``http://head:8265``); unset, the launcher
 starts a Ray head of its own on 127.0.0.1 the first time it needs one (``ray start --head --block`` in its own
 process group, recorded among the stack's owned groups, ``$RUNCTL_HOME/owned/ray-head.json``, so that a restarted
-launcher reuses it and ``runctl down`` stops it whatever became of the launcher) and stops it when it stops. A
+launcher reuses it and ``runctl down`` stops it whatever became of the launcher) and stops it when it stops. That
+head demands a token of its own (``RAY_AUTH_MODE=token``; Ray's ``ray start`` leaves a head open unless told), kept
+in the record (mode 0600): its Jobs API runs any command, and anything that shares the runners' network could
+otherwise reach it. A
 job's submission id is ``<run_id>.attempt<n>``; its metadata names the run and the team. The runner runs on the
 run's VENV_PATH when it sets one (runctl must be installed there), else on the launcher's own Python.
 
@@ -13,6 +16,7 @@ Blocking (the Jobs SDK is synchronous): call these from a thread.
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -43,6 +47,21 @@ class LocalHead:
     url: str
     pid: int
     temp_dir: str
+    token: str = ""
+    """What its dashboard and GCS demand (empty only where the site set ``RAY_AUTH_MODE=disabled``)."""
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+
+def head_auth() -> tuple[str, dict[str, str]]:
+    """The token a local jobs head demands and the environment that makes it demand it: the site's own
+    ``RAY_AUTH_TOKEN`` when it set one, else a new random one; none where the site disabled Ray's authentication."""
+    settings = LauncherSettings.from_env()
+    if (settings.ray_auth_mode or "").lower() == "disabled":
+        return "", {}
+    token = settings.ray_auth_token or secrets.token_hex(32)
+    return token, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
 
 
 class RayJobs:
@@ -71,9 +90,10 @@ class RayJobs:
             self.head = self._reuse_head() or self._start_head()
             self.url = self.head.url
         deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+        headers = self.head.headers() if self.head is not None else {}
         while True:
             try:
-                self._client = JobSubmissionClient(self.url)
+                self._client = JobSubmissionClient(self.url, headers=headers or None)
                 return self._client
             except Exception as e:  # ConnectionError, RuntimeError while the dashboard starts
                 if time.monotonic() > deadline:
@@ -89,7 +109,7 @@ class RayJobs:
         """The head a previous launcher of this stack started, if it still runs (this launcher then owns it)."""
         for group in owned_groups():
             if group.name == HEAD_NAME and is_same_process(group.record):
-                return LocalHead(group.extra["url"], group.pid, group.extra["temp_dir"])
+                return LocalHead(group.extra["url"], group.pid, group.extra["temp_dir"], group.extra.get("token", ""))
         return None
 
     def _start_head(self) -> LocalHead:
@@ -101,17 +121,18 @@ class RayJobs:
         argv += [f"--dashboard-port={dashboard}"]
         log_dir = home() / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
+        token, auth_env = head_auth()
         with (log_dir / "ray-head.log").open("ab") as log:
             self._proc = subprocess.Popen(
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **LOCAL_HEAD_ENV},
+                env={**os.environ, **LOCAL_HEAD_ENV, **auth_env},
                 start_new_session=True,
             )
-        head = LocalHead(f"http://127.0.0.1:{dashboard}", self._proc.pid, temp)
+        head = LocalHead(f"http://127.0.0.1:{dashboard}", self._proc.pid, temp, token)
         # Recorded with the stack: a restarted launcher reuses it, and `runctl down` stops it even if no launcher can.
-        own_group(HEAD_NAME, head.pid, {"url": head.url, "temp_dir": temp})
+        own_group(HEAD_NAME, head.pid, {"url": head.url, "temp_dir": temp, "token": token})
         return head
 
     def close(self) -> None:
