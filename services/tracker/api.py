@@ -27,6 +27,9 @@ from services.tracker.live import KEEPALIVE_S, Notifier
 
 MAX_PAGE = 500
 MAX_POINTS = 5000
+MAX_INLINE_EVENTS = 10_000
+"""Events ``GET /api/runs/{id}?events=true`` carries at most (the first ones); the answer then says how many there
+are, and ``/api/runs/{id}/events`` pages through the rest."""
 STATIC = Path(__file__).parent / "static"
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 Offset = Annotated[int, Query(ge=0)]
@@ -158,14 +161,24 @@ def list_runs(
 
 @router.get("/api/runs/{run_id}")
 def get_run(session: Db, who: Who, run_id: str, events: bool = False) -> dict[str, Any]:
-    """One run with its resolved config (and, with ``events=true``, every event in order)."""
+    """One run with its resolved config (and, with ``events=true``, its events in order: at most
+    ``MAX_INLINE_EVENTS``, the answer saying so when there are more)."""
     run = run_or_404(session, run_id, who)
     body: dict[str, Any] = {"run": run.as_dict(), "resolved": run.resolved}
     if events:
+        mine = EventRow.run_id == run_id
         rows = session.scalars(
-            select(EventRow).where(EventRow.run_id == run_id).order_by(EventRow.time, EventRow.pk)
+            select(EventRow).where(mine).order_by(EventRow.time, EventRow.pk).limit(MAX_INLINE_EVENTS)
         ).all()
         body["events"] = [row.as_dict() for row in rows]
+        if len(rows) == MAX_INLINE_EVENTS:
+            total = session.scalar(select(func.count()).select_from(EventRow).where(mine)) or 0
+            if total > len(rows):
+                body["events_total"] = total
+                body["events_truncated"] = (
+                    f"the first {len(rows)} of {total} events; page through the rest with "
+                    f"/api/runs/{run_id}/events?offset={len(rows)}&limit={MAX_PAGE}"
+                )
     return body
 
 

@@ -347,6 +347,21 @@ def test_every_route_needs_a_token_and_a_team_sees_only_its_own_runs(app: FastAP
     print(f"tracker: {len(refused)} of {len(tried)} cross-team or tokenless reads refused")
 
 
+def test_a_runs_inline_events_are_bounded_and_the_rest_paged(
+    api: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.tracker import api as routes
+
+    every = get(api, f"/api/runs/{TRAIN}", events="true")["events"]
+    assert len(every) > 5 and "events_truncated" not in get(api, f"/api/runs/{TRAIN}", events="true")
+    monkeypatch.setattr(routes, "MAX_INLINE_EVENTS", 5)
+    bounded = get(api, f"/api/runs/{TRAIN}", events="true")
+    assert bounded["events"] == every[:5] and bounded["events_total"] == len(every)
+    assert f"/api/runs/{TRAIN}/events?offset=5" in bounded["events_truncated"]
+    rest = get(api, f"/api/runs/{TRAIN}/events", offset="5", limit="500")["events"]
+    assert bounded["events"] + rest == every
+
+
 def test_unknown_runs_are_a_404_that_says_how_to_find_one(api: httpx.Client) -> None:
     for path in ("/api/runs/nope", "/api/runs/nope/metrics", "/api/runs/nope/trials/a/0"):
         response = api.get(path)
