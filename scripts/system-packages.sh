@@ -3,7 +3,8 @@
 #
 #   scripts/system-packages.sh demo   bubblewrap (the local sandbox backend), busybox-static (a static shell for
 #                                     sandboxes with an empty root), iproute2 (`ip`, to bring up loopback in the
-#                                     network namespace Ray runs in)
+#                                     network namespace Ray runs in, and a public sandbox's network) and iptables
+#                                     (that network's rules)
 #   scripts/system-packages.sh test   the demo's, and docker.io (the docker backend's tests start their own dockerd),
 #                                     postgresql (the tracker's tests start their own server), chromium (the
 #                                     dashboard's browser tests; Playwright drives /usr/bin/chromium)
@@ -13,7 +14,7 @@
 # anything else. Exit 0: everything is there (or was installed); 1: the install failed; 2: usage, or not root.
 set -euo pipefail
 
-demo="bubblewrap busybox-static iproute2"
+demo="bubblewrap busybox-static iproute2 iptables"
 test_only="docker.io postgresql chromium"
 
 case "${1:-}" in
@@ -31,7 +32,7 @@ installed() {
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "runctl's setup installs Debian packages, and this machine has no dpkg. Install the equivalents of: $wanted" >&2
-  echo "(bwrap, busybox, ip; for the tests also dockerd, PostgreSQL's server and Chromium), then run again." >&2
+  echo "(bwrap, busybox, ip, iptables; for the tests also dockerd, PostgreSQL's server and Chromium), then run again." >&2
   exit 2
 fi
 

@@ -126,6 +126,13 @@ def local_backend_problem() -> str | None:
     return bubblewrap_problem()
 
 
+def local_public_problem() -> str | None:
+    """Why the local backend cannot give a sandbox a network of its own with a route out (with the fix), or None."""
+    from services.sandbox.backends.netns import public_net_problem
+
+    return public_net_problem()
+
+
 def local_task_problem(task: Task) -> str | None:
     """Why the local backend cannot make this task's sandbox (a build step it cannot honour, a COPY from outside
     the task's folder), or None."""

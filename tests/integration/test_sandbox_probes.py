@@ -170,6 +170,22 @@ def test_the_local_backend_refuses_tasks_it_cannot_build_or_that_copy_host_files
     assert "RUN is a build step" in result.message and "leads outside the build context" in result.message
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_a_public_network_the_host_cannot_give_a_local_sandbox_is_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A public sandbox gets a network namespace of its own (ip, iptables, nsenter as root): without those tools the
+    check says so before a run, for the runs that ask for the network only."""
+    path = "/usr/bin:/bin"  # bwrap and nsenter, not ip or iptables (in /usr/sbin)
+    if shutil.which("bwrap", path=path) is None or shutil.which("iptables", path=path) is not None:
+        pytest.skip(f"this host's {path} does not split the tools that way")
+    monkeypatch.setenv("PATH", path)
+    result = probe(eval_config(tmp_path, AGENT_NETWORK="public"), "sandbox.local")
+    assert result.severity == "fatal" and "get a public network" in result.message, result
+    assert "BACKEND=docker" in result.fix
+    assert probe(eval_config(tmp_path), "sandbox.local").severity == "ok"  # the test tasks need no network
+
+
 def kube_config(tmp_path: Path, kubeconfig: Path, namespace: str = "runctl") -> Path:
     values = {"BACKEND": "k8s", "KUBECONFIG": str(kubeconfig), "K8S_NAMESPACE": namespace, "IMAGE_BUILD": "1"}
     return fake_config(tmp_path, **values)

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "system-packages.sh"
-DEMO = ["bubblewrap", "busybox-static", "iproute2"]
+DEMO = ["bubblewrap", "busybox-static", "iproute2", "iptables"]
 TEST = [*DEMO, "docker.io", "postgresql", "chromium"]
 
 
@@ -60,7 +60,7 @@ def test_with_everything_installed_it_does_nothing(tmp_path: Path) -> None:
 
 
 def test_without_root_it_prints_the_one_install_line_and_exits_2_before_anything_else(tmp_path: Path) -> None:
-    code, out, calls = run(tmp_path, "demo", 1000, ["iproute2"])
+    code, out, calls = run(tmp_path, "demo", 1000, ["iproute2", "iptables"])
     assert code == 2 and calls == []
     assert "  sudo apt-get install -y bubblewrap busybox-static\n" in out
     assert out.count("apt-get install") == 1
@@ -68,7 +68,7 @@ def test_without_root_it_prints_the_one_install_line_and_exits_2_before_anything
 
 def test_a_failed_install_exits_1_naming_it(tmp_path: Path) -> None:
     code, out, _ = run(tmp_path, "demo", 0, [], apt_rc=100)
-    assert code == 1 and "apt-get install -y bubblewrap busybox-static iproute2 failed" in out
+    assert code == 1 and "apt-get install -y bubblewrap busybox-static iproute2 iptables failed" in out
 
 
 def test_an_unknown_purpose_is_a_usage_error(tmp_path: Path) -> None:

@@ -7,8 +7,9 @@ limits, mounts). Each command is one ``bwrap`` process:
 - the root is bubblewrap's own tmpfs, remounted read-only, on which the system folders of the host (``/usr``,
   ``/bin``, ``/lib*``, ``/sbin`` and a few files of ``/etc``; never ``/root``, ``/home`` or ``/etc/shadow``) or of
   an unpacked root folder are bound read-only, and the sandbox's own folders read-write;
-- every namespace is new (no network but loopback unless the task allows it), the user is mapped to an
-  unprivileged view with every capability dropped, and the process dies with its parent;
+- every namespace is new (no network but loopback; a "public" sandbox a network namespace of its own with a route
+  out, never the runner's: ``netns.py``), the user is mapped to an unprivileged view with every capability
+  dropped, and the process dies with its parent;
 - limits: a cgroup v1 folder per sandbox for memory, pids and CPU when this process may write them (root),
   else resource limits (address space, processes) on the bwrap process;
 - a timeout kills the command's whole PID namespace (and the cgroup's processes): nothing it started lives on.
@@ -35,6 +36,7 @@ from typing import Any
 
 from runctl.home import home, write_atomic
 from runctl.tasks import Task
+from services.sandbox.backends import netns
 from services.sandbox.backends.base import (
     OUTPUT_LIMIT,
     SANDBOX_LABEL,
@@ -141,6 +143,8 @@ class LocalBackend:
         )
         if spec.network == "allowlist":
             raise SandboxError("the local backend cannot enforce an egress allowlist; use no-network or public")
+        if spec.network == "public" and (problem := netns.public_net_problem()) is not None:
+            raise SandboxError(problem)
         folder = self.root / spec.sandbox_id
         workdir = spec.workdir or plan.get("workdir") or "/app"
         mounts = {workdir: "work", "/logs": "logs", "/tmp": "tmp"}
@@ -167,11 +171,17 @@ class LocalBackend:
             "user": spec.user,
             "created": time.time(),
         }
-        # The record first, then the cgroups it names: a runner killed in between leaves a record the next
-        # destroy or the reaper finds, never a cgroup nobody knows of. The record is only ever replaced whole (an
-        # upload of a new top-level path rewrites it), so a kill never leaves it torn and unlisted.
-        write_atomic(folder / "meta.json", json.dumps(meta, indent=2))
+        # The record first, then the cgroups and network it names: a runner killed in between leaves a record the
+        # next destroy or the reaper finds, never a cgroup or a network nobody knows of. The record is only ever
+        # replaced whole (an upload of a new top-level path rewrites it), so a kill never leaves it torn and unlisted.
         try:
+            if spec.network == "public":
+                with netns.allocation():
+                    meta["net"] = netns.choose(spec.sandbox_id).record()
+                    write_atomic(folder / "meta.json", json.dumps(meta, indent=2))
+                    netns.make(netns.SandboxNet.from_record(meta["net"]))
+            else:
+                write_atomic(folder / "meta.json", json.dumps(meta, indent=2))
             self._make_cgroups(spec)
             for copy in plan.get("copies", []):
                 for source in copy["sources"]:
@@ -215,6 +225,8 @@ class LocalBackend:
         a cgroup is never left without a record of it."""
         meta = _read_meta(folder)
         stuck = [group for group in (meta.get("cgroups", []) if meta else []) if not remove_cgroup(Path(group))]
+        if meta and meta.get("net"):
+            netns.remove(netns.SandboxNet.from_record(meta["net"]))
         if not stuck:
             shutil.rmtree(folder, ignore_errors=True)
             return
@@ -228,14 +240,20 @@ class LocalBackend:
             f"{folder} so that the next destroy or the reaper removes them."
         )
 
-    def list_owned(self, labels: dict[str, str] | None = None) -> list[OwnedSandbox]:
+    def _metas(self) -> list[dict[str, Any]]:
+        """The records of every sandbox under this backend's folder."""
         found = []
         for meta_file in sorted(self.root.glob("*/meta.json")) if self.root.is_dir() else []:
             meta = _read_meta(meta_file.parent)
-            if meta is None:
-                continue
+            if meta is not None:
+                found.append({**meta, "handle": str(meta_file.parent)})
+        return found
+
+    def list_owned(self, labels: dict[str, str] | None = None) -> list[OwnedSandbox]:
+        found = []
+        for meta in self._metas():
             if all(meta["labels"].get(k) == v for k, v in (labels or {}).items()):
-                found.append(OwnedSandbox(meta["sandbox_id"], str(meta_file.parent), meta["labels"]))
+                found.append(OwnedSandbox(meta["sandbox_id"], meta["handle"], meta["labels"]))
         return found
 
     def destroy_owned(self, owned: OwnedSandbox) -> None:
@@ -258,6 +276,8 @@ class LocalBackend:
         if meta is None:
             raise SandboxError(f"sandbox {sandbox.sandbox_id} is gone")
         argv = self._bwrap_argv(folder, meta, command, user or meta.get("user"), env or {}, workdir)
+        if meta.get("net"):
+            argv = netns.SandboxNet.from_record(meta["net"]).enter(argv)
         started = time.monotonic()
         proc = subprocess.Popen(
             _in_cgroups(meta["cgroups"], argv),
@@ -287,8 +307,8 @@ class LocalBackend:
     ) -> list[str]:
         root = Path(meta["root"])
         argv = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
-        if meta["network"] == "public":
-            argv.append("--share-net")
+        if meta.get("net"):
+            argv.append("--share-net")  # the sandbox's own namespace, entered before bwrap starts (netns.py)
         uid = _uid(root, user)
         argv += ["--uid", str(uid), "--gid", str(uid), "--cap-drop", "ALL", "--clearenv"]
         argv += _root_binds(root)

@@ -6,10 +6,15 @@ run them too); the Kubernetes one is a live probe of a cluster, skipped with the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runctl.safefiles import read_regular
 from services.validator.checks.config_paths import indexed_tasks
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
+
+if TYPE_CHECKING:
+    from runctl.config.models import RunConfig
+    from runctl.tasks import Task
 
 SANDBOX = 8
 PROBE_TIMEOUT_S = 5.0
@@ -131,13 +136,17 @@ def local_backend(ctx: Context) -> Verdict:
         return skip(f"BACKEND={c.backend}")
     if c.engine == "fake":
         return skip("ENGINE=fake makes no sandbox")
-    from services.sandbox.library import local_backend_problem, local_task_problem  # the public face
+    from services.sandbox.library import local_backend_problem, local_public_problem, local_task_problem
 
     problem = local_backend_problem()
     if problem is not None:
         message, _, fix = problem.partition(" Fix: ")
         return fatal(message, fix or "install bubblewrap, or set BACKEND=docker.")
     tasks = indexed_tasks(ctx)
+    public = [t.id for t in tasks if "public" in _networks(c, t)]
+    if public and (problem := local_public_problem()) is not None:
+        message, _, fix = problem.partition(" Fix: ")
+        return fatal(f"{len(public)} task(s) ({', '.join(public[:3])}) get a public network: {message}", fix)
     refused = [p for task in tasks if (p := local_task_problem(task)) is not None]
     if refused:
         return fatal(
@@ -147,6 +156,14 @@ def local_backend(ctx: Context) -> Verdict:
             "use BACKEND=docker for tasks that build their image, or drop those tasks from the index.",
         )
     return ok(f"bubblewrap makes sandboxes here; {len(tasks)} task(s) need nothing it cannot do")
+
+
+def _networks(c: RunConfig, task: Task) -> set[str]:
+    """The networks a task's sandboxes get under this config (the agent's, and a separate verifier's)."""
+    found: set[str] = {c.agent_network or task.config.environment.network_mode or "no-network"}
+    if task.config.verifier.separate:
+        found.add(c.verifier_network or task.verifier_view().config.environment.network_mode or "no-network")
+    return found
 
 
 def _kube_client(ctx: Context) -> object:
