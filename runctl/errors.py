@@ -6,6 +6,7 @@
     ├── EventError                   a message on the bus is not a runctl event we understand
     ├── BusError                     talking to NATS JetStream failed
     │   ├── BusUnreachableError      no NATS server answers at the URL
+    │   ├── DeskRefusedError         the launcher's desk refused what a runner asked about its run
     │   └── PublishError             the server did not acknowledge a publish
     │       └── DuplicateRunError    a submission JetStream dropped: its run id was already submitted
     ├── StackError                   the embedded stack (``runctl up`` / ``down``) could not start or stop
@@ -122,6 +123,10 @@ class BusUnreachableError(BusError):
             "Fix: start the embedded stack with `runctl up`, or set RUNCTL_NATS_URL to your cluster's NATS URL."
         )
         self.url = url
+
+
+class DeskRefusedError(BusError):
+    """The launcher's desk refused a runner's request (another run's, or one its run may no longer make)."""
 
 
 class PublishError(BusError):

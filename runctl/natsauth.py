@@ -29,6 +29,14 @@ Nothing of the services' account is imported by a team account: a team account t
 services' JetStream API could have a push consumer deliver a body it wrote onto that import (deliveries are not
 checked against the user's permissions) and so act on the services' consumers.
 
+- **A run's login** (``run.<team>.<run>``, a user of the services' account, :class:`RunUser`) is what its runner
+  connects with: issued by the launcher when it starts the runner and revoked when the run ends
+  (:mod:`runctl.runlogins`). It may publish the run's own events (not those only the services write about a run:
+  ``run.queued``, ``run.admitted``, ``eval.requested``) and ask the launcher's desk about the run
+  (``runctl.subjects.desk_subject``); it may subscribe to its own inboxes only (``_INBOX_RUN.<team>.<run>``: the
+  client sets that prefix). No JetStream API, no key-value bucket, no other run's subjects, no other inbox: what a
+  runner kept in the services' buckets itself, it now asks the desk for, which answers about that run only.
+
 Passwords are given as bcrypt hashes (``nats-server`` checks a bcrypt hash in place of a password): the registry keeps
 no secret, and this file can be read without revealing one. Every password is 256 random bits that runctl made, never
 one a person chose, so the hash's work factor buys nothing (no guess of 256 bits ever lands, however cheap each
@@ -48,7 +56,7 @@ import json
 from dataclasses import dataclass
 
 from runctl.events.payloads import PAYLOADS
-from runctl.subjects import PREFIX, SYSTEM_PREFIX, _token
+from runctl.subjects import PREFIX, SYSTEM_PREFIX, _token, desk_prefix
 
 SERVICES_ACCOUNT = "RUNCTL"
 SERVICES_USER = "runctl"
@@ -61,6 +69,12 @@ VIEW_PREFIX = "view"
 VIEW_STREAM = "VIEW"
 #: Events only runctl's services write: a team's account does not import their subjects.
 SERVICES_ONLY = ("run.queued", "run.admitted", "eval.requested", "sandbox.created", "sandbox.destroyed")
+#: Of those, the ones a run's own runner does not write either (it announces its sandboxes itself).
+LAUNCHER_ONLY = ("run.queued", "run.admitted", "eval.requested")
+#: A run login's user name is this prefix, the team and the run id (``run.<team>.<run>``).
+RUN_USER_PREFIX = "run."
+#: A run login's inboxes (``_INBOX_RUN.<team>.<run>.<id>``): the only subjects it may subscribe to.
+RUN_INBOX_PREFIX = "_INBOX_RUN"
 
 
 def nats_hash(secret: str) -> str:
@@ -119,6 +133,49 @@ class NatsUser:
     limits: BusLimits = BusLimits()
 
 
+@dataclass(frozen=True)
+class RunUser:
+    """A run's login on the bus (see the module's docstring)."""
+
+    team: str
+    run_id: str
+    password_hash: str
+
+    @property
+    def name(self) -> str:
+        return run_user(self.team, self.run_id)
+
+    def entry(self) -> dict[str, object]:
+        own = f"{PREFIX}.{self.team}.{self.run_id}"
+        return {
+            "user": self.name,
+            "password": self.password_hash,
+            "permissions": {
+                "publish": {
+                    "allow": [f"{own}.>", f"{desk_prefix(self.team, self.run_id)}.*"],
+                    "deny": [f"{own}.{event}" for event in LAUNCHER_ONLY],
+                },
+                "subscribe": {"allow": [f"{run_inbox(self.team, self.run_id)}.>"]},
+            },
+        }
+
+
+def run_user(team: str, run_id: str) -> str:
+    return f"{RUN_USER_PREFIX}{_token(team, 'team')}.{_token(run_id, 'run id')}"
+
+
+def run_of_user(user: str) -> tuple[str, str] | None:
+    """(team, run id) of a run login's user name; None for any other user."""
+    if not user.startswith(RUN_USER_PREFIX):
+        return None
+    team, _, run_id = user.removeprefix(RUN_USER_PREFIX).partition(".")
+    return (team, run_id) if team and run_id else None
+
+
+def run_inbox(team: str, run_id: str) -> str:
+    return f"{RUN_INBOX_PREFIX}.{_token(team, 'team')}.{_token(run_id, 'run id')}"
+
+
 def team_subjects(team: str) -> list[str]:
     """The subjects a team's account imports as a service (one per event it may author)."""
     own = f"{PREFIX}.{_token(team, 'team')}"
@@ -140,10 +197,13 @@ def _team_account(team: NatsUser) -> dict[str, object]:
     }
 
 
-def _services_account(services: NatsUser, admin: NatsUser | None, teams: list[NatsUser]) -> dict[str, object]:
-    users = [{"user": services.name, "password": services.password_hash}]
+def _services_account(
+    services: NatsUser, admin: NatsUser | None, teams: list[NatsUser], runs: list[RunUser]
+) -> dict[str, object]:
+    users: list[dict[str, object]] = [{"user": services.name, "password": services.password_hash}]
     if admin is not None:
         users.append({"user": admin.name, "password": admin.password_hash})
+    users += [run.entry() for run in runs]
     exports: list[dict[str, object]] = []
     imports: list[dict[str, object]] = []
     for team in teams:
@@ -156,16 +216,32 @@ def _services_account(services: NatsUser, admin: NatsUser | None, teams: list[Na
 
 
 def server_config(
-    listen: str, store_dir: str, services: NatsUser, admin: NatsUser | None, teams: list[NatsUser]
+    listen: str,
+    store_dir: str,
+    services: NatsUser,
+    admin: NatsUser | None,
+    teams: list[NatsUser],
+    runs: list[RunUser] | None = None,
 ) -> str:
     """``nats-server``'s configuration: JetStream at ``store_dir``, listening on ``listen`` (host:port), the
-    services' account and one account per team. JSON is valid NATS configuration syntax, so values are written as
-    JSON (no quoting of one's own)."""
-    accounts = {SERVICES_ACCOUNT: _services_account(services, admin, teams)}
+    services' account (with the logins of the runs in ``runs``) and one account per team. JSON is valid NATS
+    configuration syntax, so values are written as JSON (no quoting of one's own)."""
+    accounts = {SERVICES_ACCOUNT: _services_account(services, admin, teams, runs or [])}
     for team in teams:
         accounts[team_account(team.name)] = _team_account(team)
     config = {"listen": listen, "jetstream": {"store_dir": store_dir}, "accounts": accounts}
     return "# Generated by runctl from its team registry; edits here are overwritten.\n" + json.dumps(config, indent=2)
+
+
+def config_runs(text: str) -> list[RunUser]:
+    """The run logins of a configuration :func:`server_config` wrote."""
+    body = json.loads(text[text.index("{") :])
+    found = []
+    for user in body.get("accounts", {}).get(SERVICES_ACCOUNT, {}).get("users", []):
+        run = run_of_user(user["user"])
+        if run is not None:
+            found.append(RunUser(run[0], run[1], user["password"]))
+    return found
 
 
 def config_users(text: str) -> list[NatsUser]:

@@ -161,6 +161,7 @@ class Supervisor:
             **os.environ,
             "RUNCTL_HOME": str(base),
             "RUNCTL_NATS_URL": self.services_login.url(self.nats_url),
+            "RUNCTL_RUN_LOGINS": "1",  # the team sync applies them: each runner gets its run's own login
             "RUNCTL_TRACKER_PORT": str(tracker_port),
             "RUNCTL_TRACKER_URL": self.tracker_url,
             "PYTHONUNBUFFERED": "1",
@@ -171,10 +172,11 @@ class Supervisor:
         """The bus's address, without a login (what ``stack.json`` records)."""
         return f"nats://127.0.0.1:{self.nats_port}"
 
-    def _reload_nats(self) -> bool:
-        """Reload nats-server's configuration twice (a team account a reload adds gets its imports wired only by the
-        next one: :mod:`runctl.natsauth`); True once its log says it did both (within 10 s each)."""
-        return self._reload_once() and self._reload_once()
+    def _reload_nats(self, twice: bool = True) -> bool:
+        """Reload nats-server's configuration, twice when teams changed (a team account a reload adds gets its
+        imports wired only by the next one: :mod:`runctl.natsauth`); True once its log says it did (within 10 s
+        each). Users of an existing account (run logins) take one."""
+        return self._reload_once() and (not twice or self._reload_once())
 
     def _reload_once(self) -> bool:
         proc = self.nats.proc
@@ -289,19 +291,20 @@ class Supervisor:
 
 
 class TeamSync(threading.Thread):
-    """Keeps the embedded bus's accounts in step with the team registry (:mod:`runctl.stackbus`): polls the
-    registry's sequence, and when it moved, rewrites ``nats.conf`` if the teams' users changed, reloads nats-server
-    (and waits for its log to say so), makes each team's view, and only then records the sequence as applied."""
+    """Keeps the embedded bus's accounts in step with the team registry and the run logins (:mod:`runctl.stackbus`,
+    :mod:`runctl.runlogins`): polls both sequences, and when one moved, rewrites ``nats.conf`` if the users changed,
+    reloads nats-server (and waits for its log to say so), makes each team's view, and only then records the
+    registry's sequence as applied."""
 
     POLL_S = 0.25
 
     def __init__(
-        self, base: Path, port: int, logins: dict[str, stackbus.Login], url: str, reload: Callable[[], bool]
+        self, base: Path, port: int, logins: dict[str, stackbus.Login], url: str, reload: Callable[[bool], bool]
     ) -> None:
         super().__init__(name="team-sync", daemon=True)
         self.base, self.port, self.logins, self.url, self.reload = base, port, logins, url, reload
         self.stopping = threading.Event()
-        self.applied = -1
+        self.applied = (-1, -1)  # (registry sequence, run logins sequence)
         self.unloaded = False  # a configuration written that nats-server has not taken yet
 
     def run(self) -> None:
@@ -326,20 +329,25 @@ class TeamSync(threading.Thread):
                 await asyncio.sleep(1.0)
 
     async def sync(self, registry: Any) -> None:
-        seq = await registry.sequence()
-        if seq == self.applied:
+        from runctl import runlogins
+
+        seq, runs_seq = await registry.sequence(), await runlogins.sequence(registry.bus)
+        if (seq, runs_seq) == self.applied:
             return
-        teams = [NatsUser(t.name, t.nats_bcrypt) for t in await registry.all()]
-        if self.unloaded or sorted(teams, key=lambda t: t.name) != stackbus.config_teams(self.base):
-            stackbus.write_config(self.base, self.port, self.logins, teams)
-            self.unloaded = not await asyncio.to_thread(self.reload)
+        teams = sorted((NatsUser(t.name, t.nats_bcrypt) for t in await registry.all()), key=lambda t: t.name)
+        runs = await runlogins.current(registry.bus)
+        new_teams = teams != stackbus.config_teams(self.base)
+        if self.unloaded or new_teams or runs != stackbus.config_run_logins(self.base):
+            stackbus.write_config(self.base, self.port, self.logins, teams, runs)
+            self.unloaded = not await asyncio.to_thread(self.reload, self.unloaded or new_teams)
             if self.unloaded:
                 return  # tried again on the next round
-            print(f"bus accounts: services and {len(teams)} team(s); nats-server reloaded", flush=True)
-        for team in teams:  # each team's view exists before the change counts as applied (runctl.natsauth)
-            await registry.bus.ensure_view(team.name)
-        stackbus.mark_applied(self.base, seq)
-        self.applied = seq
+            print(f"bus accounts: services, {len(teams)} team(s), {len(runs)} run login(s); reloaded", flush=True)
+        if seq != self.applied[0]:
+            for team in teams:  # each team's view exists before the change counts as applied (runctl.natsauth)
+                await registry.bus.ensure_view(team.name)
+            stackbus.mark_applied(self.base, seq)
+        self.applied = (seq, runs_seq)
 
 
 def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0) -> StackState:

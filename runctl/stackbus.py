@@ -11,8 +11,9 @@
   ``bus-auth.json``; ``runctl team add|rotate|remove`` returns once the bus has taken its change, so a rotated token
   is cut off before the command ends.
 
-Who logs in how: the services, and every runner the launcher starts, as the services' user (``RUNCTL_NATS_URL``
-carries it, set by the supervisor); a team's CLI and SDK with the team's token; and the CLI of whoever started the
+Who logs in how: the services as the services' user (``RUNCTL_NATS_URL`` carries it, set by the supervisor); each
+runner the launcher starts with its run's own login (:mod:`runctl.runlogins`, applied by the same supervisor); a
+team's CLI and SDK with the team's token; and the CLI of whoever started the
 stack, when no token is given, as the admin — it can read the users file, which no other account can.
 """
 
@@ -27,7 +28,16 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from runctl.home import StackState, home, is_same_process, read_stack_state
-from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, config_users, nats_hash, server_config
+from runctl.natsauth import (
+    ADMIN_USER,
+    SERVICES_USER,
+    NatsUser,
+    RunUser,
+    config_runs,
+    config_users,
+    nats_hash,
+    server_config,
+)
 
 USERS_FILE = "bus-users.json"
 CONFIG_FILE = "nats.conf"
@@ -91,12 +101,22 @@ def config_teams(base: Path) -> list[NatsUser]:
     return config_users(text)
 
 
-def write_config(base: Path, port: int, logins: dict[str, Login], teams: list[NatsUser]) -> None:
+def config_run_logins(base: Path) -> list[RunUser]:
+    """The run logins in the stack's current ``nats.conf`` (none when there is no file yet)."""
+    try:
+        text = (base / CONFIG_FILE).read_text()
+    except FileNotFoundError:
+        return []
+    return sorted(config_runs(text), key=lambda u: u.name)
+
+
+def write_config(
+    base: Path, port: int, logins: dict[str, Login], teams: list[NatsUser], runs: list[RunUser] | None = None
+) -> None:
     """The stack's ``nats.conf``: listening on 127.0.0.1 only, JetStream under ``base/jetstream``."""
     services, admin = (NatsUser(u, logins[u].password_hash) for u in (SERVICES_USER, ADMIN_USER))
-    text = server_config(
-        f"127.0.0.1:{port}", str(base / "jetstream"), services, admin, sorted(teams, key=lambda t: t.name)
-    )
+    listen, store = f"127.0.0.1:{port}", str(base / "jetstream")
+    text = server_config(listen, store, services, admin, sorted(teams, key=lambda t: t.name), runs)
     write_private(base / CONFIG_FILE, text + "\n")
 
 

@@ -82,6 +82,22 @@ def kv_bucket(name: str) -> str:
     return f"runctl_{_token(name, 'bucket')}"
 
 
+def desk_subject(team: str, run_id: str, op: str) -> str:
+    """Request/reply subject of the launcher's desk for one run: ``_runctl.desk.<team>.<run_id>.<op>``. A runner asks
+    there for what it keeps outside its events (its ledger entry, its checkpoints' evals, its sandboxes' seats); its
+    bus login may publish on its own run's desk and events only."""
+    return f"{desk_prefix(team, run_id)}.{_token(op, 'operation')}"
+
+
+def desk_prefix(team: str, run_id: str) -> str:
+    return f"{SYSTEM_PREFIX}.desk.{_token(team, 'team')}.{_token(run_id, 'run id')}"
+
+
+def desk_filter() -> str:
+    """Every run's desk subjects (what the launcher answers)."""
+    return f"{SYSTEM_PREFIX}.desk.*.*.*"
+
+
 def sandbox_subject(op: str, instance: str | None = None) -> str:
     """Request/reply subject of the sandbox service: ``_runctl.sandbox.<op>`` (any instance, a queue group) or
     ``_runctl.sandbox.at.<instance>.<op>`` (the instance that holds the sandbox)."""

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import nats
 import nats.errors
@@ -36,7 +37,7 @@ from nats.js import JetStreamContext, api
 from runctl.errors import BusError, BusUnreachableError, EventError, PublishError
 from runctl.events.envelope import Event, parse_event
 from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
-from runctl.natsauth import VIEW_STREAM, team_api, view_subject
+from runctl.natsauth import VIEW_STREAM, run_inbox, run_of_user, team_api, view_subject
 from runctl.subjects import (
     DEADLETTER_STREAM,
     deadletter_filter,
@@ -259,6 +260,9 @@ class Bus:
         self._ack_batches: dict[int, _AckBatch] = {}
         self.team: str | None = None
         """The team this connection is (from its token), whose subjects alone it may read and write."""
+        self.run: tuple[str, str] | None = None
+        """(team, run id) when this is a run's login (``runctl.runlogins``): it asks the launcher's desk for what
+        lies outside its run's events."""
 
     @classmethod
     async def connect(
@@ -297,6 +301,9 @@ class Bus:
             admin = admin_login(target)  # the embedded stack's bus, asked by whoever started it
             if admin is not None:
                 who = {"user": admin.user, "password": admin.password}
+        run = run_of_user(unquote(urlsplit(target).username or "")) if named else None
+        if run is not None:
+            who["inbox_prefix"] = run_inbox(*run)  # the only inboxes a run's login may subscribe to
         nc = NATS()
         try:
             await nc.connect(
@@ -317,6 +324,7 @@ class Bus:
             reason = errors[-1] if errors else e
             raise BusUnreachableError(masked_url(target), str(reason) or type(reason).__name__) from e
         bus = cls(nc, target)
+        bus.run = run
         if login is not None:
             bus.team = login[0]
             await bus.ensure_view()

@@ -8,9 +8,15 @@ per-subject counts instead (``stream_info`` with a subject filter), which makes 
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
+
+#: How long a listing is asked again while JetStream answers 503 (a configuration reload takes milliseconds).
+RELOAD_GRACE_S = 5.0
 
 
 async def open_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
@@ -25,7 +31,19 @@ async def open_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
 
 
 async def bucket_keys(js: JetStreamContext, bucket: str, prefix: str = "") -> list[str]:
-    """Keys in ``bucket`` (those under ``prefix.`` when given). Deleted keys may be listed: a ``get`` skips them."""
+    """Keys in ``bucket`` (those under ``prefix.`` when given). Deleted keys may be listed: a ``get`` skips them.
+
+    JetStream's API answers 503 for a moment while nats-server reloads its configuration (the embedded stack reloads
+    it for each run login issued or revoked: ``runctl.runlogins``); such an answer is asked again, for up to
+    ``RELOAD_GRACE_S``."""
     pattern = f"$KV.{bucket}.{prefix}.>" if prefix else f"$KV.{bucket}.>"
-    info = await js.stream_info(f"KV_{bucket}", subjects_filter=pattern)
+    deadline = time.monotonic() + RELOAD_GRACE_S
+    while True:
+        try:
+            info = await js.stream_info(f"KV_{bucket}", subjects_filter=pattern)
+            break
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
     return [subject.removeprefix(f"$KV.{bucket}.") for subject in info.state.subjects or {}]

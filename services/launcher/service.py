@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from runctl import runlogins
 from runctl.bus import Bus, ConsumerSpec, each_event
 from runctl.config.models import RunConfig, TrainConfig
 from runctl.errors import ConfigError, EventError
@@ -49,6 +50,7 @@ from services.launcher.carry.as_job import JobCarrier
 from services.launcher.carry.books import Books, failing_checks, retrying
 from services.launcher.carry.inprocess import carry_in_process
 from services.launcher.carry.rayjob import RayJobs
+from services.launcher.desk import Desk
 from services.launcher.errors import ForegroundRun, LauncherError
 from services.launcher.evals import Evals
 from services.launcher.evalstore import EvalStore
@@ -103,7 +105,7 @@ class Launcher:
         self.evals = Evals(self.books, evals, self.settings.max_evals_in_flight) if evals is not None else None
         self.ledger = ledger
         self.on_fatal = on_fatal or (lambda: None)
-        self.job_carrier = JobCarrier(self.books, jobs) if jobs is not None else None
+        self.job_carrier = JobCarrier(self.books, jobs, self.settings.run_logins) if jobs is not None else None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.cancels: dict[str, asyncio.Event] = {}
         self.cancel_by: dict[str, str] = {}
@@ -252,6 +254,7 @@ class Launcher:
 
         if self.job_carrier is not None and config.engine in JOB_ENGINES:
             await self.job_carrier.carry(team, run_id, config, progress, cancelled, cancelled_by)
+            await self.job_carrier.ended(team, run_id)
             return
         evals = self.evals
 
@@ -314,17 +317,38 @@ async def main(runtime: ServiceRuntime, settings: LauncherSettings) -> None:
     launcher = Launcher(
         bus, await Ledger.open(bus), runtime.source, runtime.request_stop, jobs, await EvalStore.open(bus), settings
     )
-    runtime.health_info(lambda: {"active_runs": sorted(launcher.tasks), "pid": os.getpid()})
+    desk = await Desk.open(bus, launcher.books)
+    await desk.start()
+    runtime.health_info(
+        lambda: {"active_runs": sorted(launcher.tasks), "pid": os.getpid(), "desk_refused": desk.refused}
+    )
 
     async def stop() -> None:
+        await desk.stop()
         await launcher.stop()
         await asyncio.to_thread(jobs.close)
 
     runtime.on_stop(stop)
+    if settings.run_logins:
+        await revoke_stale_logins(bus, launcher.ledger)
     await launcher.resume()
     # Quotas changed, another launcher's runs ended: look again now and then, until the service stops.
     runtime.spawn(_every(SCHEDULE_EVERY_S, launcher.schedule, runtime.stopping))
     await runtime.consume(CONSUMER, each_event(launcher.handle))
+
+
+async def revoke_stale_logins(bus: Bus, ledger: Ledger) -> int:
+    """Revoke the login of every run that is not active (a launcher that died between a run's end and the revoke
+    leaves one behind); returns how many."""
+    stale = 0
+    for user in await runlogins.current(bus):
+        entry = await ledger.get(user.run_id)
+        if entry is None or entry.state != "active" or entry.team != user.team:
+            await runlogins.revoke(bus, user.team, user.run_id)
+            stale += 1
+    if stale:
+        log.info("revoked %d login(s) of runs that ended while no launcher ran", stale)
+    return stale
 
 
 async def _every(seconds: float, action: Callable[[], Awaitable[None]], stopping: asyncio.Event) -> None:

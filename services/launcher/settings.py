@@ -39,6 +39,10 @@ class LauncherSettings(ServiceSettings):
     """Ray's own: a file holding that token."""
     vllm_cpu_kvcache_space: int = Field(1, ge=1, validation_alias="VLLM_CPU_KVCACHE_SPACE")
     """GiB of KV cache of each CPU vLLM replica a runner starts."""
+    run_logins: bool = Field(False, validation_alias="RUNCTL_RUN_LOGINS")
+    """Each runner connects with its run's own bus login (``runctl.runlogins``) instead of the launcher's. On where
+    something applies the run logins bucket to the bus's configuration: the embedded stack's supervisor does, and
+    sets it for its launcher."""
     nats_url: str | None = Field(None, validation_alias="RUNCTL_NATS_URL")
     """The bus a runner (and verl's workers) publish on and book sandboxes through; unset: a foreground run with
     none."""

@@ -8,6 +8,10 @@ recorded before it exists and forgotten after it is gone, and carries the owner 
 A runner SIGKILLed stops heart-beating: after ``STALE_S`` the reaper (every ``REAP_EVERY_S``) destroys its
 sandboxes and gives back their seats. Each sandbox is announced as ``sandbox.created`` / ``sandbox.destroyed``
 events of the run (its sandbox-minutes in the usage ledger).
+
+A runner on its run's own bus login (``runctl.runlogins``) reaches no bucket: its bookings go through the launcher's
+desk (:class:`DeskLedger`), which books that run's sandboxes only, under the team's cap as the launcher's settings
+give it.
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
-from runctl.bus import Bus
+from runctl.bus import Bus, desk
 from runctl.events import SandboxCreated, SandboxDestroyed
 from runctl.events.payloads import Payload
-from services.sandbox.backends.base import OWNER_LABEL, Backend, OwnedSandbox, Sandbox, SandboxSpec
+from services.sandbox.backends.base import OWNER_LABEL, Backend, OwnedSandbox, Sandbox, SandboxError, SandboxSpec
 from services.sandbox.ledger import LedgerEntry, SandboxLedger, take_seat_within
 from services.sandbox.owners import HEARTBEAT_S, SCOPE_LABEL, instance_name
 from services.sandbox.settings import SandboxSettings
@@ -34,9 +38,45 @@ SEAT_WAIT_S = 600.0
 """How long a trial waits for one of its team's seats before its sandbox fails to set up."""
 
 
-def runner_owner() -> str:
-    """An owner name as a service instance's, marked as a runner's."""
-    return f"runner-{instance_name()}"
+def runner_owner(team: str = "", run_id: str = "") -> str:
+    """An owner name as a service instance's, marked as a runner's (and, asked through the launcher's desk, as one of
+    that run's: ``runner-<team>.<run>.<instance>``, the only names the desk lets the run use)."""
+    return f"runner-{team}.{run_id}.{instance_name()}" if team else f"runner-{instance_name()}"
+
+
+class DeskLedger:
+    """The sandbox ledger as a runner on its run's own bus login reaches it: through the launcher's desk, which
+    books only that run's sandboxes, under its team's cap (``services/launcher/desk.py``)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+
+    async def heartbeat(self, owner: str) -> None:
+        await desk.ask(self.bus, "beat", {"owner": owner})
+
+    async def forget_owner(self, owner: str) -> None:
+        await desk.ask(self.bus, "forget", {"owner": owner})
+
+    async def put(self, entry: LedgerEntry) -> None:
+        await desk.ask(self.bus, "book", {"entry": asdict(entry)})
+
+    async def remove(self, sandbox_id: str) -> None:
+        await desk.ask(self.bus, "unbook", {"sandbox_id": sandbox_id})
+
+    async def seat_within(self, team: str, owner: str, wait_s: float) -> str:
+        """One of the team's seats, asked for each second until ``wait_s`` passes.
+
+        Raises:
+            SandboxError: none came free in time.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            answer = await desk.ask(self.bus, "seat", {"owner": owner})
+            if answer.get("seat"):
+                return str(answer["seat"])
+            if time.monotonic() > deadline:
+                raise SandboxError(str(answer.get("full") or f"team {team} has no free sandbox seat"))
+            await asyncio.sleep(1.0)
 
 
 class BookedBackend:
@@ -46,7 +86,7 @@ class BookedBackend:
     def __init__(
         self,
         inner: Backend,
-        ledger: SandboxLedger,
+        ledger: SandboxLedger | DeskLedger,
         loop: asyncio.AbstractEventLoop,
         owner: str,
         team: str,
@@ -88,7 +128,10 @@ class BookedBackend:
         return getattr(self.inner, name)
 
     async def _create(self, spec: SandboxSpec) -> Sandbox:
-        seat = await take_seat_within(self.ledger, self.team, self.owner, self.cap, SEAT_WAIT_S)
+        if isinstance(self.ledger, DeskLedger):
+            seat = await self.ledger.seat_within(self.team, self.owner, SEAT_WAIT_S)
+        else:
+            seat = await take_seat_within(self.ledger, self.team, self.owner, self.cap, SEAT_WAIT_S)
         spec = replace(spec, labels={**spec.labels, OWNER_LABEL: self.owner, SCOPE_LABEL: self.scope})
         trial = spec.labels.get("runctl.trial", "")
         entry = LedgerEntry(
@@ -133,8 +176,11 @@ async def booked(
     inner: Backend, bus: Bus, team: str, run_id: str, emit: Callable[[Payload, str], Awaitable[None]]
 ) -> AsyncIterator[BookedBackend]:
     """``inner`` booked in the ledger for the run, the runner heart-beating as its owner until the block ends."""
-    ledger = await SandboxLedger.open(bus)
-    owner = runner_owner()
+    ledger: SandboxLedger | DeskLedger
+    if bus.run is not None:  # a run's own login: the launcher's desk books for it
+        ledger, owner = DeskLedger(bus), runner_owner(team, run_id)
+    else:
+        ledger, owner = await SandboxLedger.open(bus), runner_owner()
     await ledger.heartbeat(owner)
     loop = asyncio.get_running_loop()
 

@@ -20,6 +20,8 @@ from runctl.tasks import Task, load_task
 from services.sandbox.agents import Agent, AgentOutcome, make_agent
 from services.sandbox.backends.base import Backend, Sandbox, SandboxError
 from services.sandbox.booked import booked
+from services.sandbox.ledger import LedgerEntry as SandboxEntry
+from services.sandbox.ledger import SandboxLedger, take_seat_within
 from services.sandbox.settings import SandboxSettings, docker_host, kubeconfig_path
 from services.sandbox.trial import TrialLimits, TrialResult, TrialRunner
 
@@ -31,6 +33,8 @@ __all__ = [
     "BackendSettings",
     "Sandbox",
     "SandboxError",
+    "SandboxLedger",
+    "SandboxSettings",
     "TrialLimits",
     "TrialRunner",
     "booked",
@@ -38,10 +42,13 @@ __all__ = [
     "docker_host",
     "kubeconfig_path",
     "local_backend_problem",
+    "local_public_problem",
     "local_task_problem",
     "make_agent",
     "open_backend",
     "run_task",
+    "sandbox_entry",
+    "take_seat_within",
 ]
 
 BackendName = Literal["docker", "local", "kubernetes"]
@@ -124,6 +131,20 @@ def local_backend_problem() -> str | None:
     from services.sandbox.backends.local_backend import bubblewrap_problem
 
     return bubblewrap_problem()
+
+
+def sandbox_entry(values: dict[str, object]) -> SandboxEntry:
+    """A sandbox ledger entry from its JSON fields (as a runner sends it to the launcher's desk).
+
+    Raises:
+        TypeError: a field is missing or unknown.
+        ValueError: a field has the wrong type.
+    """
+    entry = SandboxEntry(**values)  # type: ignore[arg-type]
+    for name, kind in (("sandbox_id", str), ("owner", str), ("team", str), ("run_id", str), ("seat", str)):
+        if not isinstance(getattr(entry, name), kind):
+            raise ValueError(f"{name} is a {kind.__name__}")
+    return entry
 
 
 def local_public_problem() -> str | None:

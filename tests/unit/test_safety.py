@@ -70,9 +70,9 @@ def test_a_runner_job_gets_only_the_settings_the_runner_reads(monkeypatch: pytes
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("RUNCTL_SANDBOX_CGROUP", raising=False)  # each test worker sets its own (tests/conftest.py)
     books = Books(SimpleNamespace(url="nats://runctl:pw@bus:4222"), None, "/runctl/launcher")  # type: ignore[arg-type]
-    env = JobCarrier(books, None).job_env()  # type: ignore[arg-type]
+    env = JobCarrier(books, None).job_env("nats://run.nlp.r1:runpw@bus:4222")  # type: ignore[arg-type]
     assert env == {
-        "RUNCTL_NATS_URL": "nats://runctl:pw@bus:4222",
+        "RUNCTL_NATS_URL": "nats://run.nlp.r1:runpw@bus:4222",  # the run's own login, never the launcher's
         "RUNCTL_HOME": "/srv/runctl",
         "RUNCTL_SANDBOX_CAPS": "nlp=4",  # the runner books its sandboxes against the team's cap
     }

@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from runctl import runlogins
 from runctl.config.models import RunConfig
+from runctl.errors import BusError
 from runctl.events import RunCancelled
 from runctl.home import home
-from services.launcher.carry.books import RETRY_WINDOW_S, Books
+from services.launcher.carry.books import RETRY_WINDOW_S, Books, retrying
 from services.launcher.carry.rayjob import TERMINAL, RayJobs
 from services.launcher.errors import LauncherError
 from services.launcher.ledger import LedgerEntry
@@ -40,9 +42,19 @@ RUNNER_ENV = (
 
 
 class JobCarrier:
-    def __init__(self, books: Books, jobs: RayJobs) -> None:
+    """Carries runs as Ray jobs. With ``run_logins`` each runner connects with its run's own bus login, issued before
+    it is submitted and revoked once the run has ended (``runctl.runlogins``); without, with the launcher's."""
+
+    def __init__(self, books: Books, jobs: RayJobs, run_logins: bool = False) -> None:
         self.books = books
         self.jobs = jobs
+        self.run_logins = run_logins
+
+    async def ended(self, team: str, run_id: str) -> None:
+        """The run has ended: take its login back (not called when the launcher stops meanwhile: the runner goes on,
+        and the next launcher finds it)."""
+        if self.run_logins:
+            await retrying(lambda: runlogins.revoke(self.books.bus, team, run_id), f"revoke the login of {run_id}")
 
     async def carry(
         self,
@@ -111,7 +123,8 @@ class JobCarrier:
         attempt = int(progress.get("job_attempt", 0)) + 1
         progress = {**progress, "job_attempt": attempt}
         await self.books.record(run_id, LedgerEntry(team=team, state="active", progress=progress))
-        submission = await asyncio.to_thread(self.jobs.submit, team, run_id, attempt, self.job_env(), venv)
+        env = self.job_env(await self.runner_bus_url(team, run_id))
+        submission = await asyncio.to_thread(self.jobs.submit, team, run_id, attempt, env, venv)
         log.info("%s: submitted as Ray job %s", run_id, submission)
         return submission, progress
 
@@ -145,11 +158,29 @@ class JobCarrier:
                 await asyncio.sleep(JOB_POLL_S)
         return status, stop_sent
 
-    def job_env(self) -> dict[str, str]:
-        """What a runner job needs, and nothing more: the bus it publishes on, the runctl home, and the few settings
-        the runner itself reads. The launcher's other secrets (the database URL, the proxy's admin token, another
-        service's settings) stay out of the job's environment, which Ray shows to anyone who can list jobs."""
+    async def runner_bus_url(self, team: str, run_id: str) -> str:
+        """The bus URL a new runner of the run connects with: with its run's fresh login once the bus accepts it,
+        else the launcher's own.
+
+        Raises:
+            LauncherError: the bus did not take the login in time.
+        """
+        url = self.books.bus.url
+        if not self.run_logins:
+            return url
+        login = await runlogins.issue(self.books.bus, team, run_id)
+        try:
+            await runlogins.wait_accepted(url, login)
+        except BusError as e:
+            raise LauncherError(e.message, run_id=run_id, team=team) from e
+        return login.url(url)
+
+    def job_env(self, bus_url: str) -> dict[str, str]:
+        """What a runner job needs, and nothing more: the bus it publishes on (``bus_url``, with its run's login),
+        the runctl home, and the few settings the runner itself reads. The launcher's own login and its other secrets
+        (the database URL, the proxy's admin token, another service's settings) stay out of the job's environment,
+        which Ray shows to anyone who can list jobs."""
         env = {k: v for k, v in os.environ.items() if k in RUNNER_ENV}  # passed on as they are: the job reads them
-        env["RUNCTL_NATS_URL"] = self.books.bus.url
+        env["RUNCTL_NATS_URL"] = bus_url
         env["RUNCTL_HOME"] = str(home())
         return env

@@ -12,17 +12,16 @@ from typing import Any
 from runctl.config.models import RunConfig, TrainConfig
 from runctl.errors import BusError
 from runctl.events.payloads import Payload
-from services.launcher.carry.books import Books
+from services.launcher.carry.books import RunBooks
 from services.launcher.carry.lifecycle import carry_to_end, run_dir_for
 from services.launcher.engines import RunContext
-from services.launcher.evalstore import eval_pin
 from services.launcher.ledger import LedgerEntry
 
 log = logging.getLogger(__name__)
 
 
 async def carry_in_process(
-    books: Books,
+    books: RunBooks,
     team: str,
     run_id: str,
     config: RunConfig,
@@ -47,7 +46,11 @@ async def carry_in_process(
     if pinned is not None:
         ctx.pinned_checkpoints = pinned
     if isinstance(config, TrainConfig) and config.eval_on_checkpoint:
-        ctx.pin_checkpoint = eval_pin(books.bus, team, run_id)
+
+        async def pin(step: int, path: str) -> None:
+            await books.pin_eval(team, run_id, step, path)
+
+        ctx.pin_checkpoint = pin
     attempts = max(1, int(progress.get("job_attempt", 1)))
     try:
         end = await carry_to_end(ctx, cancelled_by, reraise=(BusError,), attempts=attempts)
