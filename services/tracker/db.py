@@ -8,7 +8,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, create_engine, event, inspect
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+    create_engine,
+    event,
+    inspect,
+)
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -85,10 +97,14 @@ class RunRow(Base):
 
 class EventRow(Base):
     __tablename__ = "events"
-    __table_args__ = (Index("ix_events_run_name_time", "run_id", "name", "time"),)
+    __table_args__ = (
+        Index("ix_events_run_name_time", "run_id", "name", "time"),
+        # An event is its team's, its run's and its id together: no team's event can take another's place.
+        UniqueConstraint("team", "run_id", "id", name="uq_events_team_run_id"),
+    )
 
     pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    id: Mapped[str] = mapped_column(String(200), unique=True)
+    id: Mapped[str] = mapped_column(String(200))
     run_id: Mapped[str] = mapped_column(String(160), index=True)
     team: Mapped[str] = mapped_column(String(64))
     name: Mapped[str] = mapped_column(String(64))
@@ -148,8 +164,8 @@ class TrialRow(Base):
     __tablename__ = "trials"
     __table_args__ = (Index("ix_trials_run_task", "run_id", "task"),)
 
+    run_id: Mapped[str] = mapped_column(String(160), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(160))
     task: Mapped[str] = mapped_column(String(256))
     trial: Mapped[int] = mapped_column(Integer)
     reward: Mapped[float | None] = mapped_column(Float)

@@ -1,4 +1,6 @@
-"""Events into rows. Idempotent: an event id already stored is skipped, and the run state only moves forward.
+"""Events into rows. Idempotent: an event already stored is skipped, and the run state only moves forward. An event is
+known by its team, its run and its id together: another team's event that carries the same id (a guessed or copied
+one) is stored beside it, never in its place, and changes no run of another team.
 
 Order-tolerant: the runs stream and the trials stream are consumed separately, so a run's rows may be built
 from its events in any interleaving of the two; every row comes out the same (a rebuild from the streams yields
@@ -46,9 +48,9 @@ def project(conn: Connection, batch: list[tuple[Event, int]]) -> list[str]:
     Returns:
         The ids of the events that were new (repeats are skipped).
     """
-    fresh: dict[str, tuple[Event, int]] = {}
+    fresh: dict[tuple[str, str, str], tuple[Event, int]] = {}
     for event, seq in batch:
-        fresh.setdefault(event.id, (event, seq))
+        fresh.setdefault((event.team, event.runid, event.id), (event, seq))
     now = time.time()
     rows = [
         {
@@ -67,7 +69,7 @@ def project(conn: Connection, batch: list[tuple[Event, int]]) -> list[str]:
         for event, seq in fresh.values()
     ]
     stored = _insert_new_events(conn, rows)
-    new = [event for event_id, (event, _) in fresh.items() if event_id in stored]
+    new = [event for key, (event, _) in fresh.items() if key in stored]
     if not new:
         return []
     runs_table = Base.metadata.tables[RunRow.__tablename__]
@@ -149,7 +151,7 @@ class _Derived:
         if self.metrics:
             _insert_missing(conn, MetricRow.__tablename__, self.metrics, ["run_id", "key", "step"])
         if self.trials:
-            _insert_missing(conn, TrialRow.__tablename__, self.trials, ["event_id"])
+            _insert_missing(conn, TrialRow.__tablename__, self.trials, ["run_id", "event_id"])
             _add_task_stats(conn, self.task_stats)
         table = Base.metadata.tables[CheckpointRow.__tablename__]
         for (run_id, step), values in self.checkpoints.items():
@@ -196,20 +198,23 @@ def _insert_missing(conn: Connection, name: str, rows: list[dict[str, Any]], key
             conn.execute(insert(table).values(row))
 
 
-def _insert_new_events(conn: Connection, rows: list[dict[str, Any]]) -> set[str]:
-    """Insert events whose id is not stored yet; return the ids inserted."""
+def _insert_new_events(conn: Connection, rows: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """Insert events whose (team, run, id) is not stored yet; return the (team, run, id) of those inserted."""
     table = Base.metadata.tables[EventRow.__tablename__]
+    keys = ["team", "run_id", "id"]
     dialect = conn.dialect.name
     if dialect in ("sqlite", "postgresql"):
         module = sqlite if dialect == "sqlite" else postgresql
-        statement = module.insert(table).on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id)
-        return {row.id for row in conn.execute(statement, rows)}
+        statement = module.insert(table).on_conflict_do_nothing(index_elements=keys)
+        returned = conn.execute(statement.returning(table.c.team, table.c.run_id, table.c.id), rows)
+        return {(row.team, row.run_id, row.id) for row in returned}
     ids = [row["id"] for row in rows]
-    seen = set(conn.scalars(select(table.c.id).where(table.c.id.in_(ids))))
-    todo = [row for row in rows if row["id"] not in seen]
+    stored = conn.execute(select(table.c.team, table.c.run_id, table.c.id).where(table.c.id.in_(ids)))
+    seen = {(row.team, row.run_id, row.id) for row in stored}
+    todo = [row for row in rows if (row["team"], row["run_id"], row["id"]) not in seen]
     if todo:
         conn.execute(insert(table), todo)
-    return {row["id"] for row in todo}
+    return {(row["team"], row["run_id"], row["id"]) for row in todo}
 
 
 def apply_to_run(run: RunRow, event: Event) -> None:

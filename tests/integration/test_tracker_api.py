@@ -21,7 +21,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, insert, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -29,7 +29,7 @@ from runctl.events import Event, parse_event
 from services.tracker import queries
 from services.tracker.api import make_app
 from services.tracker.auth import TokenAuth
-from services.tracker.db import Base, make_engine, migrate
+from services.tracker.db import Base, make_engine, migrate, normalized_url
 from services.tracker.projection import project
 from tests.conftest import ADMIN_TOKEN, ROOT, admin_headers
 from tests.infra.postgres import new_database
@@ -100,7 +100,7 @@ def get(api: httpx.Client, path: str, **params: Any) -> Any:
 def test_the_schema_made_by_the_migrations_is_the_models_schema(engine: Engine) -> None:
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
-        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0003"
+        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0004"
 
 
 def test_a_database_made_before_migrations_is_upgraded_in_place(tmp_path: Path) -> None:
@@ -140,6 +140,34 @@ def test_upgrading_counts_the_trials_already_stored_into_the_task_grid(tmp_path:
         assert queries.task_rates(session, "r1") == [
             {"task": "say-yes", "num_trials": 4, "passes": 1, "pass_rate": 0.333333, "mean_reward": 0.5}
         ]
+    engine.dispose()
+
+
+def test_upgrading_to_events_per_team_and_run_keeps_every_event_and_trial(db_url: str, tmp_path: Path) -> None:
+    """0004 moves the events' uniqueness from the id to (team, run, id) and the trials' key to (run, event id):
+    what 0003 stored stays, and a second team's event with a stored id is then stored beside it."""
+    events = [e for e in recorded() if e.runid == INFER]
+    source = make_engine(f"sqlite:///{tmp_path / 'rows.db'}")
+    load(source, events)
+    old = create_engine(normalized_url(db_url))
+    migrate(old, "0003")
+    with source.connect() as rows, old.begin() as conn:  # the same rows, as 0003 held them
+        for table in ("runs", "events", "trials", "task_stats", "metrics", "checkpoints"):
+            found = [dict(r._mapping) for r in rows.execute(select(Base.metadata.tables[table]))]
+            for row in found:
+                row.pop("pk", None)  # the database numbers its events itself
+            if found:
+                conn.execute(insert(Base.metadata.tables[table]), found)
+    source.dispose()
+    with old.connect() as conn:
+        before = {t: conn.scalar(text(f"SELECT count(*) FROM {t}")) for t in ("events", "trials", "runs")}
+    old.dispose()
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        assert {t: conn.scalar(text(f"SELECT count(*) FROM {t}")) for t in before} == before
+        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0004"
+    copy = events[-1].model_copy(update={"team": "other"})
+    assert load(engine, [copy]) == 1 and load(engine, [copy]) == 0
     engine.dispose()
 
 
