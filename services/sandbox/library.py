@@ -42,6 +42,7 @@ __all__ = [
     "docker_host",
     "kubeconfig_path",
     "local_backend_problem",
+    "local_limits_problem",
     "local_public_problem",
     "local_task_problem",
     "make_agent",
@@ -145,6 +146,13 @@ def sandbox_entry(values: dict[str, object]) -> SandboxEntry:
         if not isinstance(getattr(entry, name), kind):
             raise ValueError(f"{name} is a {kind.__name__}")
     return entry
+
+
+def local_limits_problem() -> str | None:
+    """Why local sandboxes get no cgroup limits on this host (None when they do, on cgroup v1 or v2)."""
+    from services.sandbox.backends.local_backend import cgroup_limits_problem
+
+    return cgroup_limits_problem()
 
 
 def local_public_problem() -> str | None:

@@ -10,8 +10,9 @@ limits, mounts). Each command is one ``bwrap`` process:
 - every namespace is new (no network but loopback; a "public" sandbox a network namespace of its own with a route
   out, never the runner's: ``netns.py``), the user is mapped to an unprivileged view with every capability
   dropped, and the process dies with its parent;
-- limits: a cgroup v1 folder per sandbox for memory, pids and CPU when this process may write them (root),
-  else resource limits (address space, processes) on the bwrap process;
+- limits: a cgroup per sandbox for memory (no swap), pids and CPU when this process may write the hierarchy (root):
+  one folder on cgroup v2, one per controller on v1; else resource limits (address space, processes) on the bwrap
+  process (the validator warns);
 - a timeout kills the command's whole PID namespace (and the cgroup's processes): nothing it started lives on.
 
 With no image builder, a task's Dockerfile is read, not built: ``FROM`` picks the root (an unpacked folder under
@@ -21,6 +22,7 @@ work folder is done at create; any other build step (``RUN`` …) is refused wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -123,9 +125,12 @@ class LocalBackend:
 
     def remove_cgroup_parents(self) -> None:
         """Remove this backend's (empty) parent cgroup folders; one still in use stays."""
-        for controller in CONTROLLERS:
+        parents = [CGROUP_ROOT / self.cgroup_parent]
+        if not unified_cgroups():
+            parents = [CGROUP_ROOT / controller / self.cgroup_parent for controller in CONTROLLERS]
+        for parent in parents:
             try:
-                (CGROUP_ROOT / controller / self.cgroup_parent).rmdir()
+                parent.rmdir()
             except OSError:
                 pass
 
@@ -194,11 +199,19 @@ class LocalBackend:
         return Sandbox(spec.sandbox_id, self.name, str(folder), spec)
 
     def _cgroups_of(self, spec: SandboxSpec) -> list[Path]:
-        """The sandbox's cgroup folders, one per controller this process may write."""
+        """The sandbox's cgroup folders: on cgroup v2 one (when this process may write the hierarchy and it offers
+        every controller), on v1 one per controller this process may write."""
+        if unified_cgroups():
+            return [CGROUP_ROOT / self.cgroup_parent / spec.sandbox_id] if cgroup_v2_problem() is None else []
         controllers = [c for c in CONTROLLERS if os.access(CGROUP_ROOT / c, os.W_OK)]
         return [CGROUP_ROOT / c / self.cgroup_parent / spec.sandbox_id for c in controllers]
 
     def _make_cgroups(self, spec: SandboxSpec) -> None:
+        if unified_cgroups():
+            groups = self._cgroups_of(spec)
+            if groups:
+                _make_v2_group(groups[0], spec)
+            return
         values = {
             "memory": {"memory.limit_in_bytes": str(spec.memory_mb * 1024 * 1024)},
             "pids": {"pids.max": str(spec.pids)},
@@ -512,6 +525,55 @@ def _uid(root: Path, user: str | None) -> int:
     raise SandboxError(f"user {user} does not exist in the sandbox's root")
 
 
+def unified_cgroups() -> bool:
+    """Whether this host mounts cgroup v2 alone at ``CGROUP_ROOT`` (Debian 12, Ubuntu 22.04 and later), not v1's
+    folder per controller."""
+    return (CGROUP_ROOT / "cgroup.controllers").is_file()
+
+
+def cgroup_v2_problem() -> str | None:
+    """Why sandboxes get no cgroup v2 limits here (None when they do)."""
+    if not os.access(CGROUP_ROOT, os.W_OK):
+        return f"{CGROUP_ROOT} is not writable by this process (uid {os.geteuid()})"
+    try:
+        offered = set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
+    except OSError as e:
+        return f"cannot read {CGROUP_ROOT / 'cgroup.controllers'}: {e}"
+    missing = [c for c in CONTROLLERS if c not in offered]
+    return f"the cgroup v2 hierarchy offers no {', '.join(missing)} controller" if missing else None
+
+
+def cgroup_limits_problem() -> str | None:
+    """Why local sandboxes get only resource limits of their process here, not cgroup limits (None when they get
+    cgroup limits: v2, or v1 with at least one controller writable)."""
+    if unified_cgroups():
+        return cgroup_v2_problem()
+    if any(os.access(CGROUP_ROOT / c, os.W_OK) for c in CONTROLLERS):
+        return None
+    return f"no cgroup v1 controller under {CGROUP_ROOT} ({', '.join(CONTROLLERS)}) is writable by this process"
+
+
+def _make_v2_group(group: Path, spec: SandboxSpec) -> None:
+    """A sandbox's cgroup v2 folder with its memory (and no swap), pids and CPU limits. Each folder above it hands
+    the controllers down (``cgroup.subtree_control``); the parents runctl makes hold no process, as v2 asks."""
+    enable = " ".join(f"+{c}" for c in CONTROLLERS)
+    try:
+        level = CGROUP_ROOT
+        for part in group.relative_to(CGROUP_ROOT).parts:
+            control = level / "cgroup.subtree_control"
+            if not set(CONTROLLERS) <= set(control.read_text().split() if control.exists() else []):
+                control.write_text(enable)
+            level = level / part
+            level.mkdir(exist_ok=True)
+        (group / "memory.max").write_text(str(spec.memory_mb * 1024 * 1024))
+        if (group / "memory.swap.max").exists():
+            (group / "memory.swap.max").write_text("0")
+        (group / "pids.max").write_text(str(spec.pids))
+        (group / "cpu.max").write_text(f"{int(spec.cpus * 100000)} 100000")
+    except OSError as e:
+        raise SandboxError(f"cannot set the sandbox's cgroup v2 limits in {group}: {e}") from None
+
+
 def _in_cgroups(groups: list[str], argv: list[str]) -> list[str]:
     """argv that first moves itself into each cgroup, then becomes bwrap (children inherit the cgroups)."""
     if not groups:
@@ -578,7 +640,11 @@ def remove_cgroup(group: Path, timeout_s: float = 5.0) -> bool:
 
 
 def kill_cgroup(group: Path) -> None:
-    """SIGKILL every process in a cgroup until it is empty (bounded)."""
+    """SIGKILL every process in a cgroup until it is empty (bounded). A v2 cgroup that has ``cgroup.kill`` (Linux
+    5.14) is killed whole by the kernel first, forks in flight included."""
+    with contextlib.suppress(OSError):
+        if (group / "cgroup.kill").exists():
+            (group / "cgroup.kill").write_text("1")
     for _ in range(50):
         try:
             pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]

@@ -136,7 +136,12 @@ def local_backend(ctx: Context) -> Verdict:
         return skip(f"BACKEND={c.backend}")
     if c.engine == "fake":
         return skip("ENGINE=fake makes no sandbox")
-    from services.sandbox.library import local_backend_problem, local_public_problem, local_task_problem
+    from services.sandbox.library import (
+        local_backend_problem,
+        local_limits_problem,
+        local_public_problem,
+        local_task_problem,
+    )
 
     problem = local_backend_problem()
     if problem is not None:
@@ -154,6 +159,13 @@ def local_backend(ctx: Context) -> Verdict:
             + "; ".join(p.partition(" Fix: ")[0] for p in refused[:3])
             + ("; …" if len(refused) > 3 else ""),
             "use BACKEND=docker for tasks that build their image, or drop those tasks from the index.",
+        )
+    unlimited = local_limits_problem()
+    if unlimited is not None:
+        return warn(
+            f"local sandboxes get no cgroup limits here ({unlimited}): memory and processes are capped per command "
+            "by resource limits only, CPU not at all",
+            "run the sandbox service and runners as root on a host with cgroup v1 or v2, or set BACKEND=docker.",
         )
     return ok(f"bubblewrap makes sandboxes here; {len(tasks)} task(s) need nothing it cannot do")
 
