@@ -41,9 +41,14 @@ async def refused(url: str, user: str, password: str) -> bool:
     """Whether the bus turns this login away."""
     from nats.aio.client import Client
 
+    async def quiet(error: Exception) -> None:
+        pass
+
     nc = Client()
     try:
-        await nc.connect(url, user=user, password=password, allow_reconnect=False, max_reconnect_attempts=0)
+        await nc.connect(
+            url, user=user, password=password, allow_reconnect=False, max_reconnect_attempts=0, error_cb=quiet
+        )
     except Exception:
         with contextlib.suppress(Exception):
             await nc.close()
