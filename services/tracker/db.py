@@ -201,6 +201,23 @@ class TaskStatsRow(Base):
     reward_sum: Mapped[float] = mapped_column(Float)
 
 
+class TokenUsageRow(Base):
+    """Completion tokens a run's trials generated in one hour (UTC, by when each trial ended), added to as
+    ``trial.finished`` events are stored: usage over a window reads these hours, not every trial."""
+
+    __tablename__ = "token_usage"
+
+    run_id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    team: Mapped[str] = mapped_column(String(64), index=True)
+    tokens_generated: Mapped[int] = mapped_column(BigInteger)
+
+
+def hour_of(value: datetime) -> datetime:
+    """The UTC hour ``value`` falls in (a naive value, as SQLite hands back, is UTC)."""
+    return aware(value).astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
 def iso(value: datetime | None) -> str | None:
     return aware(value).isoformat() if value is not None else None
 

@@ -34,7 +34,17 @@ from runctl.events import (
 )
 from runctl.events.state import TERMINAL
 from runctl.layout import PASS_THRESHOLD
-from services.tracker.db import Base, CheckpointRow, EventRow, MetricRow, RunRow, TaskStatsRow, TrialRow
+from services.tracker.db import (
+    Base,
+    CheckpointRow,
+    EventRow,
+    MetricRow,
+    RunRow,
+    TaskStatsRow,
+    TokenUsageRow,
+    TrialRow,
+    hour_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +123,7 @@ class _Derived:
         self.trials: list[dict[str, Any]] = []
         self.checkpoints: dict[tuple[str, int], dict[str, Any]] = {}
         self.task_stats: dict[tuple[str, str], list[float]] = {}  # num_trials, num_scored, passes, reward_sum
+        self.tokens: dict[tuple[str, datetime], tuple[str, int]] = {}  # (run, hour) -> (team, completion tokens)
 
     def add(self, event: Event) -> None:
         data = event.data
@@ -135,6 +146,9 @@ class _Derived:
                     "time": event.time,
                 }
             )
+            hour = hour_of(event.time)
+            team, generated = self.tokens.get((event.runid, hour), (event.team, 0))
+            self.tokens[(event.runid, hour)] = (team, generated + int(data.tokens.get("completion", 0)))
             counts = self.task_stats.setdefault((event.runid, data.task), [0, 0, 0, 0.0])
             counts[0] += 1
             if data.reward is not None:
@@ -153,6 +167,7 @@ class _Derived:
         if self.trials:
             _insert_missing(conn, TrialRow.__tablename__, self.trials, ["run_id", "event_id"])
             _add_task_stats(conn, self.task_stats)
+            _add_tokens(conn, self.tokens)
         table = Base.metadata.tables[CheckpointRow.__tablename__]
         for (run_id, step), values in self.checkpoints.items():
             # One checkpoint row, whichever of checkpoint.saved and eval.requested comes first; a repeat of either
@@ -164,23 +179,39 @@ class _Derived:
 
 def _add_task_stats(conn: Connection, stats: dict[tuple[str, str], list[float]]) -> None:
     """Add a batch's trial counts to each (run, task) row, making the row on its first trial."""
-    table = Base.metadata.tables[TaskStatsRow.__tablename__]
     columns = ("num_trials", "num_scored", "passes", "reward_sum")
     rows = [
         {"run_id": run_id, "task": task, **dict(zip(columns, counts, strict=True))}
         for (run_id, task), counts in stats.items()
     ]
+    _add_counts(conn, TaskStatsRow.__tablename__, ["run_id", "task"], columns, rows)
+
+
+def _add_tokens(conn: Connection, tokens: dict[tuple[str, datetime], tuple[str, int]]) -> None:
+    """Add a batch's generated tokens to each (run, hour) row, making the row on its first trial."""
+    rows = [
+        {"run_id": run_id, "hour": hour, "team": team, "tokens_generated": count}
+        for (run_id, hour), (team, count) in tokens.items()
+    ]
+    _add_counts(conn, TokenUsageRow.__tablename__, ["run_id", "hour"], ("tokens_generated",), rows)
+
+
+def _add_counts(
+    conn: Connection, name: str, keys: list[str], columns: tuple[str, ...], rows: list[dict[str, Any]]
+) -> None:
+    """Add each row's ``columns`` to the stored row of its ``keys``, inserting the rows not stored yet."""
+    table = Base.metadata.tables[name]
     dialect = conn.dialect.name
     if dialect in ("sqlite", "postgresql"):
         module = sqlite if dialect == "sqlite" else postgresql
         statement = module.insert(table)
         added = {c: table.c[c] + statement.excluded[c] for c in columns}
-        conn.execute(statement.on_conflict_do_update(index_elements=["run_id", "task"], set_=added), rows)
+        conn.execute(statement.on_conflict_do_update(index_elements=keys, set_=added), rows)
         return
     for row in rows:
-        where = (table.c.run_id == row["run_id"]) & (table.c.task == row["task"])
+        where = [table.c[k] == row[k] for k in keys]
         increments = {c: table.c[c] + row[c] for c in columns}
-        if conn.execute(update(table).where(where).values(increments)).rowcount == 0:
+        if conn.execute(update(table).where(*where).values(increments)).rowcount == 0:
             conn.execute(insert(table).values(row))
 
 

@@ -4,13 +4,24 @@ report, checkpoints joined with their eval runs, pass rates per task."""
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.tracker.db import CheckpointRow, EventRow, MetricRow, RunRow, TaskStatsRow, aware, iso
+from services.tracker.db import (
+    CheckpointRow,
+    EventRow,
+    MetricRow,
+    RunRow,
+    TaskStatsRow,
+    TokenUsageRow,
+    TrialRow,
+    aware,
+    hour_of,
+    iso,
+)
 
 DEFAULT_KEYS = ("critic/score/mean", "actor/ppo_kl", "actor/entropy", "response_length/mean", "perf/mfu/actor")
 # Lifecycle events that mark the timeline under these names (phases, steps and checkpoints are named below).
@@ -198,7 +209,8 @@ def pass_rates_across(session: Session, run_ids: list[str], task: str | None) ->
     return [{"task": name, "runs": runs} for name, runs in tasks.items()]
 
 
-# What usage is derived from (runctl.usage); the run's type is read from its row, not from its submitted config.
+# What usage is derived from (runctl.usage), besides the generated tokens kept per hour (token_usage); the run's type
+# is read from its row, not from its submitted config.
 USAGE_EVENTS = (
     "run.admitted",
     "run.succeeded",
@@ -206,23 +218,25 @@ USAGE_EVENTS = (
     "run.cancelled",
     "sandbox.created",
     "sandbox.destroyed",
-    "trial.finished",
 )
+HOUR = timedelta(hours=1)
 
 
 def usage(session: Session, team: str | None, since: datetime | None, now: datetime) -> dict[str, Any]:
     """GPU-hours by role, CPU-hours, sandbox-minutes and tokens, per team and per run (those that used anything),
-    from the stored events; only what was used after ``since`` counts when it is given."""
+    from the stored events; only what was used after ``since`` counts when it is given.
+
+    Time held comes from the few events that start and end it (admission, end, sandboxes); tokens from the hourly
+    sums (:func:`tokens_by_run`), so a window reads no trial it does not cut through."""
     from runctl.events import parse_event
-    from runctl.usage import usage_by_run, usage_by_team
+    from runctl.usage import Usage, usage_by_run, usage_by_team
 
     query = select(EventRow).where(EventRow.name.in_(USAGE_EVENTS))
     if team is not None:
         query = query.where(EventRow.team == team)
-    if since is not None:  # tokens count when their trial ended; time held is clipped by runctl.usage
-        query = query.where((EventRow.name != "trial.finished") | (EventRow.time >= since))
     rows = session.scalars(query).all()
-    run_ids = {row.run_id for row in rows}
+    tokens = tokens_by_run(session, team, since, now)
+    run_ids = {row.run_id for row in rows} | set(tokens)
     found = session.execute(select(RunRow.run_id, RunRow.run_type).where(RunRow.run_id.in_(run_ids)))
     types: dict[str, str | None] = {run_id: run_type for run_id, run_type in found}
     events = [
@@ -241,6 +255,8 @@ def usage(session: Session, team: str | None, since: datetime | None, now: datet
         for row in rows
     ]
     per_run = usage_by_run(events, now, since, {k: v for k, v in types.items() if v})
+    for run_id, (owner, generated) in tokens.items():
+        per_run.setdefault(run_id, (owner, Usage()))[1].tokens_generated += generated
     used = {run_id: found for run_id, found in per_run.items() if found[1].any()}
     return {
         "now": now.isoformat(),
@@ -251,3 +267,39 @@ def usage(session: Session, team: str | None, since: datetime | None, now: datet
             for run_id, (t, u) in sorted(used.items())
         ],
     }
+
+
+def tokens_by_run(
+    session: Session, team: str | None, since: datetime | None, now: datetime
+) -> dict[str, tuple[str, int]]:
+    """Run id → (team, completion tokens of its trials that ended in [since, now]): the hours wholly inside the
+    window from their sums, the (at most two) hours it cuts through from their trials."""
+    last = hour_of(now)
+    whole: Any = TokenUsageRow.hour < last  # hours that ended before now
+    cuts: list[tuple[datetime, datetime | None]] = [(last, None)]  # [start, end), None: up to now
+    if since is not None:
+        first = hour_of(since) if since == hour_of(since) else hour_of(since) + HOUR
+        if first <= last:
+            whole &= TokenUsageRow.hour >= first
+            cuts = [(since, first), (last, None)]
+        else:  # the window lies inside one hour
+            whole = None
+            cuts = [(since, None)]
+    found: dict[str, tuple[str, int]] = {}
+
+    def add(run_id: str, owner: str, generated: int) -> None:
+        found[run_id] = (owner, found.get(run_id, (owner, 0))[1] + generated)
+
+    if whole is not None:
+        query = select(TokenUsageRow.run_id, TokenUsageRow.team, func.sum(TokenUsageRow.tokens_generated))
+        query = query.where(whole) if team is None else query.where(whole, TokenUsageRow.team == team)
+        for run_id, owner, generated in session.execute(query.group_by(TokenUsageRow.run_id, TokenUsageRow.team)):
+            add(run_id, owner, int(generated or 0))
+    for start, end in cuts:
+        trials = select(TrialRow.run_id, RunRow.team, TrialRow.tokens).join(RunRow, RunRow.run_id == TrialRow.run_id)
+        trials = trials.where(TrialRow.time >= start, TrialRow.time < end if end is not None else TrialRow.time <= now)
+        if team is not None:
+            trials = trials.where(RunRow.team == team)
+        for run_id, owner, spent in session.execute(trials):
+            add(run_id, owner, int((spent or {}).get("completion", 0)))
+    return found

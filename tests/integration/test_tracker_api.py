@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,7 @@ def get(api: httpx.Client, path: str, **params: Any) -> Any:
 def test_the_schema_made_by_the_migrations_is_the_models_schema(engine: Engine) -> None:
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
-        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0004"
+        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0005"
 
 
 def test_a_database_made_before_migrations_is_upgraded_in_place(tmp_path: Path) -> None:
@@ -165,7 +165,10 @@ def test_upgrading_to_events_per_team_and_run_keeps_every_event_and_trial(db_url
     engine = make_engine(db_url)
     with engine.connect() as conn:
         assert {t: conn.scalar(text(f"SELECT count(*) FROM {t}")) for t in before} == before
-        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0004"
+        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0005"
+        trials = conn.execute(text("SELECT tokens FROM trials")).scalars().all()
+        spent = sum(int((t if isinstance(t, dict) else json.loads(t)).get("completion", 0)) for t in trials)
+        assert spent > 0 and conn.scalar(text("SELECT sum(tokens_generated) FROM token_usage")) == spent  # 0005
     copy = events[-1].model_copy(update={"team": "other"})
     assert load(engine, [copy]) == 1 and load(engine, [copy]) == 0
     engine.dispose()
@@ -422,3 +425,34 @@ def test_recorded_stream_holds_what_this_file_expects() -> None:
     assert len({e.id for e in events}) == len(events)
     lines = (DATA / "stream.jsonl").read_text().splitlines()
     assert all(json.loads(line)["specversion"] == "1.0" for line in lines)
+
+
+def test_the_tokens_of_any_window_are_those_of_the_trials_that_ended_in_it(engine: Engine) -> None:
+    """Whole hours come from the hourly sums, the hours a window cuts through from their trials: every window gives
+    what counting the trials one by one gives."""
+    template = next(e for e in recorded() if e.name == "trial.finished")
+    base = datetime(2026, 12, 1, 9, 50, tzinfo=UTC)
+    times = [base + timedelta(minutes=7 * i) for i in range(40)]  # across five hours
+    events = [
+        template.model_copy(
+            update={
+                "id": f"tok-{i}",
+                "runid": "tok-run",
+                "time": at,
+                "data": template.data.model_copy(update={"trial": i, "tokens": {"prompt": 1, "completion": i + 1}}),
+            }
+        )
+        for i, at in enumerate(times)
+    ]
+    load(engine, events)
+    marks = [base + timedelta(minutes=m) for m in (0, 3, 10, 11, 69, 70, 71, 130, 190, 250, 273, 300)]
+    with Session(engine) as session:
+        for since in [None, *marks]:
+            for now in marks + [base + timedelta(days=1)]:
+                if since is not None and since > now:
+                    continue
+                counted = sum(i + 1 for i, at in enumerate(times) if (since is None or at >= since) and at <= now)
+                got = queries.tokens_by_run(session, None, since, now).get("tok-run", ("", 0))[1]
+                assert got == counted, (since, now)
+        assert queries.tokens_by_run(session, "nobody", None, marks[-1]) == {}
+        assert queries.tokens_by_run(session, template.team, None, marks[-1])["tok-run"][0] == template.team

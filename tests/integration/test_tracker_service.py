@@ -103,7 +103,7 @@ def test_a_rebuild_from_the_streams_equals_the_live_projection(
     assert result.returncode == 0, result.stderr
     assert f"{total} events stored" in result.stdout
     live, rebuilt = snapshot(live_url), snapshot(rebuilt_url)
-    assert set(live) == {"runs", "events", "metrics", "checkpoints", "trials", "task_stats"}
+    assert set(live) == {"runs", "events", "metrics", "checkpoints", "trials", "task_stats", "token_usage"}
     for table in live:
         assert live[table] == rebuilt[table], table
     assert len(live["trials"]) == 370 and len(live["metrics"]) == 200
