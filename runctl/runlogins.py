@@ -23,7 +23,7 @@ from runctl.bus import Bus
 from runctl.bus.client import close_refused
 from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.errors import BusError
-from runctl.natsauth import RunUser, nats_hash, run_inbox, run_user
+from runctl.natsauth import RunUser, nats_hash, run_inbox, run_of_user, run_user
 from runctl.stackbus import Login
 from runctl.subjects import kv_bucket
 
@@ -83,7 +83,10 @@ async def wait_accepted(url: str, login: Login, timeout_s: float = ACCEPT_TIMEOU
         BusError: it did not within ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
-    team, _, run_id = login.user.removeprefix("run.").partition(".")
+    run = run_of_user(login.user)
+    if run is None:
+        raise BusError(f"{login.user} is not a run's login")
+    team, run_id = run
     last: Exception | None = None
     while time.monotonic() < deadline:
         nc = NATS()
