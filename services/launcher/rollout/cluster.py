@@ -206,6 +206,23 @@ def _kill(pids: set[int]) -> None:
             os.waitpid(pid, 0)
         except ChildProcessError:  # a grandchild: its own parent reaps it
             pass
+    # A grandchild is gone only once the kernel has torn it down, which takes a while for a large process on a
+    # loaded machine: wait for that (bounded), so nothing of the start is left running when this returns.
+    deadline = time.monotonic() + KILL_WAIT_S
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+KILL_WAIT_S = 15.0
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _own_token() -> None:
