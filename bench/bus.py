@@ -67,7 +67,7 @@ from runctl.bus import Bus  # noqa: E402
 from runctl.events import Event, StepDone, TrialFinished, new_event  # noqa: E402
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM  # noqa: E402
 from runctl.stack import nats_server_binary  # noqa: E402
-from runctl.subjects import DEADLETTER_STREAM, health_subject, persisted_subject  # noqa: E402
+from runctl.subjects import DEADLETTER_STREAM, health_subject, persisted_subject, team_stream  # noqa: E402
 
 TEAM = "bench"
 SOURCE = "/runctl/bench"
@@ -181,7 +181,7 @@ def make_step(run_id: str, step: int) -> Event:
 
 
 async def purge(js: JetStreamContext) -> None:
-    for stream in (RUNS_STREAM, TRIALS_STREAM, DEADLETTER_STREAM):
+    for stream in (team_stream(RUNS_STREAM, TEAM), team_stream(TRIALS_STREAM, TEAM), DEADLETTER_STREAM):
         await js.purge_stream(stream)
 
 
@@ -421,7 +421,7 @@ async def amain(args: argparse.Namespace, workdir: Path, procs: dict[str, subpro
     )
     bus = await Bus.connect(url, name="runctl-bench")
     try:
-        await bus.ensure_streams()
+        await bus.ensure_streams(teams=[TEAM])
         throughput = await bench_throughput(bus, args.rounds, args.events)
         ratio = report_throughput(throughput)
 

@@ -48,7 +48,7 @@ from runctl.bus import Bus  # noqa: E402
 from runctl.events import CheckpointSaved, Event, PhaseStarted, StepDone, TrialFinished, new_event  # noqa: E402
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM  # noqa: E402
 from runctl.stack import nats_server_binary  # noqa: E402
-from runctl.subjects import health_subject  # noqa: E402
+from runctl.subjects import health_subject, team_stream  # noqa: E402
 
 TEAM = "bench"
 METRICS = [
@@ -168,10 +168,11 @@ def stored_count(api: str) -> int:
 async def purge(nats_url: str) -> None:
     bus = await Bus.connect(nats_url)
     try:
-        await bus.ensure_streams()
-        for stream in (RUNS_STREAM, TRIALS_STREAM):
+        await bus.ensure_streams(teams=[TEAM])
+        for stream in (team_stream(RUNS_STREAM, TEAM), team_stream(TRIALS_STREAM, TEAM)):
             await bus.js.purge_stream(stream)
         for durable, stream in (("tracker-runs", RUNS_STREAM), ("tracker-trials", TRIALS_STREAM)):
+            stream = team_stream(stream, TEAM)
             try:
                 await bus.js.delete_consumer(stream, durable)
             except Exception:
@@ -198,7 +199,7 @@ async def bare_consumer_rate(nats_url: str, count: int) -> float:
     js = nc.jetstream()
     started = time.perf_counter()
     seen = 0
-    for stream in (RUNS_STREAM, TRIALS_STREAM):
+    for stream in (team_stream(RUNS_STREAM, TEAM), team_stream(TRIALS_STREAM, TEAM)):
         config = api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, deliver_policy=api.DeliverPolicy.ALL)
         sub = await js.pull_subscribe("", durable=f"bare-{stream.lower()}", stream=stream, config=config)
         while True:

@@ -28,7 +28,7 @@ from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
 from runctl.events.state import TERMINAL, target_state
 from runctl.home import read_stack_state
 from runctl.natsauth import VIEW_STREAM, view_subject
-from runctl.subjects import run_filter
+from runctl.subjects import run_filter, team_stream
 
 DEFAULT_TRACKER_URL = "http://127.0.0.1:8750"
 SOURCE = "/runctl/sdk"
@@ -262,9 +262,19 @@ class RunctlClient:
             filtered = view_subject(run_filter(run_id, bus.team))
             subs = [await bus.js.subscribe(filtered, stream=VIEW_STREAM, ordered_consumer=True, cb=push)]
         else:
-            streams = [RUNS_STREAM, TRIALS_STREAM] if include_trials else [RUNS_STREAM]
+            team = await bus.team_of_run(run_id)
+            if team is None:
+                raise RunctlError(
+                    f"no run {run_id} was submitted on this bus, so there is nothing to watch. Fix: check the id "
+                    "with `runctl status`.",
+                    run_id=run_id,
+                )
+            families = [RUNS_STREAM, TRIALS_STREAM] if include_trials else [RUNS_STREAM]
             subs = [
-                await bus.js.subscribe(run_filter(run_id), stream=s, ordered_consumer=True, cb=push) for s in streams
+                await bus.js.subscribe(
+                    run_filter(run_id, team), stream=team_stream(family, team), ordered_consumer=True, cb=push
+                )
+                for family in families
             ]
         ending: Event | None = None
         trial_ids: set[str] = set()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from nats.aio.msg import Msg
 
-from runctl.bus.client import BatchHandler, Bus, Consumer, ConsumerSpec, masked_url
+from runctl.bus.client import BatchHandler, Bus, Consumer, ConsumerSpec, TeamConsumers, masked_url
 from runctl.errors import RunctlError, log_failure
 from runctl.metrics import Gauge, Registry
 from runctl.subjects import health_subject
@@ -68,7 +68,7 @@ class ServiceRuntime:
         self.nats_url = nats_url
         self.started_at = time.time()
         self.stopping = asyncio.Event()
-        self.consumers: list[Consumer] = []
+        self.consumers: list[Consumer | TeamConsumers] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._health_extra: list[Callable[[], dict[str, Any]]] = []
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
@@ -141,8 +141,9 @@ class ServiceRuntime:
         """Run ``callback`` after consumers stop and before the connection drains."""
         self._on_stop.append(callback)
 
-    async def consume(self, spec: ConsumerSpec, handler: BatchHandler) -> Consumer:
-        """Start a durable consumer running ``handler`` until the service stops."""
+    async def consume(self, spec: ConsumerSpec, handler: BatchHandler) -> Consumer | TeamConsumers:
+        """Start a durable consumer running ``handler`` until the service stops (on a family, one per team's
+        stream: :class:`runctl.bus.client.TeamConsumers`)."""
         assert self.bus is not None, "start() first"
         consumer = await self.bus.consumer(spec)
         self.consumers.append(consumer)

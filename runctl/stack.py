@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from runctl import loopback, stackbus
-from runctl.errors import BusUnreachableError, StackError
+from runctl.errors import BusUnreachableError, RunctlError, StackError
 from runctl.home import (
     STATE_FILE,
     ProcessRecord,
@@ -239,6 +239,10 @@ class Supervisor:
             for child in (*self.relays, self.nats):
                 child.stop(2)
             return 1
+        if not self._migrate_bus():
+            for child in (*self.relays, self.nats):
+                child.stop(2)
+            return 1
         for child in self.services:
             child.start(self.env)
         self.team_sync.start()
@@ -249,6 +253,27 @@ class Supervisor:
             time.sleep(0.2)
         self.shutdown()
         return 0
+
+    def _migrate_bus(self) -> bool:
+        """Move a bus made by an earlier runctl to per-team streams before any service starts (runctl.bus.migrate)."""
+        from runctl.bus.client import Bus
+        from runctl.bus.migrate import migrate_shared_streams
+
+        async def go() -> None:
+            bus = await Bus.connect(self.services_login.url(self.nats_url), as_team=False)
+            try:
+                done = await migrate_shared_streams(bus)
+            finally:
+                await bus.close()
+            if done:
+                print(f"moved the shared streams into per-team streams: {done.copied}", flush=True)
+
+        try:
+            asyncio.run(go())
+        except RunctlError as e:
+            print(f"the bus could not be moved to per-team streams: {e}", flush=True)
+            return False
+        return True
 
     def _tend(self) -> bool:
         """Restart dead children after their back-off; True if any PID changed."""
@@ -344,7 +369,9 @@ class TeamSync(threading.Thread):
                 return  # tried again on the next round
             print(f"bus accounts: services, {len(teams)} team(s), {len(runs)} run login(s); reloaded", flush=True)
         if seq != self.applied[0]:
-            for team in teams:  # each team's view exists before the change counts as applied (runctl.natsauth)
+            # Each team's streams and view exist before the change counts as applied (runctl.natsauth).
+            await registry.bus.ensure_streams(teams=[team.name for team in teams])
+            for team in teams:
                 await registry.bus.ensure_view(team.name)
             stackbus.mark_applied(self.base, seq)
         self.applied = (seq, runs_seq)

@@ -58,6 +58,19 @@ def team_filter(team: str) -> str:
     return f"{PREFIX}.{_token(team, 'team')}.>"
 
 
+def team_stream(family: str, team: str) -> str:
+    """The stream that keeps one team's events of a family (``RUNS`` or ``TRIALS``): ``RUNS_<team>``. Each team's
+    events are stored, bounded and de-duplicated in streams of their own, so no team's volume or event ids touch
+    another's."""
+    return f"{family}_{_token(team, 'team')}"
+
+
+def stream_team(name: str, family: str) -> str | None:
+    """The team whose stream of ``family`` this is, or None for any other stream."""
+    head, sep, team = name.partition("_")
+    return team if head == family and sep and _TOKEN.fullmatch(team) else None
+
+
 def health_subject(service: str) -> str:
     """Request/reply subject on which a service answers health probes."""
     return f"{SYSTEM_PREFIX}.health.{_token(service, 'service')}"

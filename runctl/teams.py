@@ -137,6 +137,7 @@ class TeamRegistry:
             await kv.create(name, json.dumps(asdict(team)).encode())
         except nats.js.errors.KeyWrongLastSequenceError as e:
             raise TeamError(f"team {name} exists already. Fix: `runctl team set {name}` to change it.") from e
+        await self.bus.ensure_streams(teams=[name])  # where its events are kept, before it can send any
         return team, token
 
     async def update(self, name: str, **changes: float) -> Team:

@@ -2,9 +2,14 @@
 
 Streams (created idempotently by every service at start, from the event catalogue):
 
-    RUNS        every lifecycle event except trials; kept until deleted
-    TRIALS      ``trial.finished`` (hundreds per step); bounded by age and size
-    DEADLETTER  messages a consumer gave up on, with the error in headers
+    RUNS_<team>    a team's lifecycle events except trials; kept until deleted, refuses more once full
+    TRIALS_<team>  a team's ``trial.finished`` (hundreds per step); a ring bounded by age and size
+    DEADLETTER     messages a consumer gave up on, with the error in headers
+
+Each team's events live in streams of their own (made when the team is added, or on a privileged login's first
+publish for it), so a team's volume is bounded and discarded within its own streams, and its event ids are
+de-duplicated among its own events only. A service reads a family (``RUNS``, ``TRIALS``) through one durable
+consumer per team's stream (:class:`TeamConsumers`), joining new teams' streams as they appear.
 
 A team's login reads only VIEW, a stream of its own account that keeps a copy of its runs' events
 (:mod:`runctl.natsauth`).
@@ -22,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -37,14 +42,17 @@ from nats.js import JetStreamContext, api
 from runctl.errors import BusError, BusUnreachableError, EventError, PublishError
 from runctl.events.envelope import Event, parse_event
 from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
-from runctl.natsauth import VIEW_STREAM, run_inbox, run_of_user, team_api, view_subject
+from runctl.natsauth import ADMIN_USER, SERVICES_USER, VIEW_STREAM, run_inbox, run_of_user, team_api, view_subject
 from runctl.subjects import (
     DEADLETTER_STREAM,
     deadletter_filter,
     deadletter_subject,
     event_filter,
     parse_event_subject,
+    run_filter,
+    stream_team,
     team_filter,
+    team_stream,
 )
 from runctl.tokens import team_of_token
 
@@ -118,37 +126,71 @@ def masked_url(url: str) -> str:
 
 @dataclass(frozen=True)
 class StreamLimits:
-    """Retention limits of the TRIALS and DEADLETTER streams (RUNS keeps everything)."""
+    """Retention of each team's streams and of DEADLETTER.
 
+    A team's RUNS stream is its runs' history: once full it refuses new events (its publisher is told) and drops
+    nothing recorded. Its TRIALS stream is a ring of its own. Both are per team, so no team's flood pushes out, or
+    stops, another team's events. JetStream reserves each stream's ``max_bytes`` in its store when the stream is
+    made (by default 75 % of the disk's free space): the defaults, 1.25 GiB a team, fit 40 teams in 64 GiB."""
+
+    runs_max_bytes: int = 256 * 1024**2
     trials_max_age_s: float = 30 * _DAY_S
-    trials_max_bytes: int = 8 * 1024**3
+    trials_max_bytes: int = 1024**3
     deadletter_max_age_s: float = 30 * _DAY_S
+    deadletter_max_bytes: int = 1024**3
     duplicate_window_s: float = 120.0
 
 
-def stream_configs(limits: StreamLimits = StreamLimits()) -> list[api.StreamConfig]:
-    """The three streams, with subjects derived from the event catalogue."""
-    by_stream: dict[str, list[str]] = {RUNS_STREAM: [], TRIALS_STREAM: []}
-    for payload in PAYLOADS:
-        by_stream[payload.stream].append(event_filter(payload.event_name))
-    common: dict[str, Any] = {
+TEAM_FAMILIES = (RUNS_STREAM, TRIALS_STREAM)
+"""The stream families kept per team (:func:`runctl.subjects.team_stream`)."""
+LEGACY_STREAMS = TEAM_FAMILIES
+"""The one shared stream per family that runctl kept before per-team streams."""
+STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED"
+
+
+def _common(limits: StreamLimits) -> dict[str, Any]:
+    return {
         "storage": api.StorageType.FILE,
         "retention": api.RetentionPolicy.LIMITS,
         "duplicate_window": limits.duplicate_window_s,
     }
+
+
+def team_stream_configs(team: str, limits: StreamLimits = StreamLimits()) -> list[api.StreamConfig]:
+    """A team's RUNS and TRIALS streams, with subjects derived from the event catalogue."""
+    by_stream: dict[str, list[str]] = {family: [] for family in TEAM_FAMILIES}
+    for payload in PAYLOADS:
+        by_stream[payload.stream].append(event_filter(payload.event_name, team=team))
     return [
-        api.StreamConfig(name=RUNS_STREAM, subjects=by_stream[RUNS_STREAM], **common),
         api.StreamConfig(
-            name=TRIALS_STREAM,
+            name=team_stream(RUNS_STREAM, team),
+            subjects=by_stream[RUNS_STREAM],
+            max_bytes=limits.runs_max_bytes,
+            discard=api.DiscardPolicy.NEW,
+            **_common(limits),
+        ),
+        api.StreamConfig(
+            name=team_stream(TRIALS_STREAM, team),
             subjects=by_stream[TRIALS_STREAM],
             max_age=limits.trials_max_age_s,
             max_bytes=limits.trials_max_bytes,
-            **common,
-        ),
-        api.StreamConfig(
-            name=DEADLETTER_STREAM, subjects=[deadletter_filter()], max_age=limits.deadletter_max_age_s, **common
+            discard=api.DiscardPolicy.OLD,
+            **_common(limits),
         ),
     ]
+
+
+def stream_configs(limits: StreamLimits = StreamLimits(), teams: Iterable[str] = ()) -> list[api.StreamConfig]:
+    """DEADLETTER, and the streams of each of ``teams``."""
+    deadletter = api.StreamConfig(
+        name=DEADLETTER_STREAM,
+        subjects=[deadletter_filter()],
+        max_age=limits.deadletter_max_age_s,
+        max_bytes=limits.deadletter_max_bytes,
+        discard=api.DiscardPolicy.OLD,
+        **_common(limits),
+    )
+    return [deadletter] + [config for team in teams for config in team_stream_configs(team, limits)]
 
 
 def _differs(current: api.StreamConfig, wanted: api.StreamConfig) -> bool:
@@ -157,6 +199,7 @@ def _differs(current: api.StreamConfig, wanted: api.StreamConfig) -> bool:
         sorted(current.subjects or []) != sorted(wanted.subjects or [])
         or (current.max_age or 0) != (wanted.max_age or 0)
         or (current.max_bytes or -1) != (wanted.max_bytes or -1)
+        or (current.discard or api.DiscardPolicy.OLD) != (wanted.discard or api.DiscardPolicy.OLD)
     )
 
 
@@ -263,6 +306,11 @@ class Bus:
         self.run: tuple[str, str] | None = None
         """(team, run id) when this is a run's login (``runctl.runlogins``): it asks the launcher's desk for what
         lies outside its run's events."""
+        self._teams_ready: set[str] = set()
+        """Teams whose streams this connection made or found."""
+        self.makes_streams = False
+        """Whether this is the services' or the stack admin's login (or an open bus's), which makes a team's
+        streams before it first publishes for it; a team's or a run's login publishes only where they are."""
 
     @classmethod
     async def connect(
@@ -325,6 +373,8 @@ class Bus:
             raise BusUnreachableError(masked_url(target), str(reason) or type(reason).__name__) from e
         bus = cls(nc, target)
         bus.run = run
+        user = str(who.get("user") or unquote(urlsplit(target).username or ""))
+        bus.makes_streams = login is None and run is None and user in ("", SERVICES_USER, ADMIN_USER)
         if login is not None:
             bus.team = login[0]
             await bus.ensure_view()
@@ -360,23 +410,83 @@ class Bus:
         with contextlib.suppress(nats.js.errors.BadRequestError):  # another client of the team made it first
             await js.add_stream(config)
 
-    async def ensure_streams(self, limits: StreamLimits = StreamLimits()) -> None:
-        """Create the streams, or bring an existing one's subjects and limits up to date. Safe to race. On a team's
-        login, its view (the services' streams are not in its account)."""
+    async def ensure_streams(self, limits: StreamLimits = StreamLimits(), teams: Iterable[str] = ()) -> None:
+        """Create DEADLETTER and the streams of ``teams``, or bring an existing one's subjects and limits up to date.
+        Safe to race. On a team's login, its view (the services' streams are not in its account).
+
+        Raises:
+            BusError: the bus still keeps the shared streams of an earlier runctl (see :func:`migrate_shared_streams`).
+        """
         if self.team is not None:
             await self.ensure_view()
             return
-        for config in stream_configs(limits):
+        for config in stream_configs(limits, teams):
+            await self._ensure(config, update=True)
+        self._teams_ready.update(teams)
+
+    async def ensure_team_streams(self, team: str, limits: StreamLimits = StreamLimits()) -> None:
+        """Make a team's streams if they are missing (once per connection); existing ones are left as they are."""
+        if team in self._teams_ready:
+            return
+        for config in team_stream_configs(team, limits):
+            await self._ensure(config, update=False)
+        self._teams_ready.add(team)
+
+    async def _ensure(self, config: api.StreamConfig, *, update: bool) -> None:
+        try:
+            info = await self.js.stream_info(config.name)  # type: ignore[arg-type]
+        except nats.js.errors.NotFoundError:
             try:
-                info = await self.js.stream_info(config.name)  # type: ignore[arg-type]
-            except nats.js.errors.NotFoundError:
-                try:
-                    await self.js.add_stream(config)
-                    continue
-                except nats.js.errors.BadRequestError:
-                    info = await self.js.stream_info(config.name)  # type: ignore[arg-type]  # lost a race
-            if _differs(info.config, config):
-                await self.js.update_stream(config)
+                await self.js.add_stream(config)
+                return
+            except nats.js.errors.BadRequestError as e:
+                if await self._legacy_streams():
+                    raise BusError(
+                        f"cannot make stream {config.name}: this bus still keeps every team's events in the shared "
+                        f"{' and '.join(LEGACY_STREAMS)} streams of an earlier runctl, whose subjects overlap. Fix: "
+                        "`runctl bus migrate` with the services stopped (`runctl up` does it for its own bus) moves "
+                        "them into per-team streams, consumers' positions included."
+                    ) from e
+                info = await self.js.stream_info(config.name)  # type: ignore[arg-type]  # lost a race
+        if update and _differs(info.config, config):
+            await self.js.update_stream(config)
+
+    async def _legacy_streams(self) -> list[str]:
+        return [name for name in await self.stream_names() if name in LEGACY_STREAMS]
+
+    async def stream_names(self) -> list[str]:
+        """Every stream of this login's account."""
+        names: list[str] = []
+        while True:
+            try:
+                reply = await self.nc.request(
+                    "$JS.API.STREAM.NAMES", json.dumps({"offset": len(names)}).encode(), timeout=5
+                )
+            except (nats.errors.Error, TimeoutError) as e:
+                raise BusError(f"the bus did not list its streams ({type(e).__name__}: {e}).") from e
+            doc = json.loads(reply.data)
+            if "error" in doc:
+                raise BusError(f"the bus did not list its streams: {doc['error'].get('description', doc['error'])}")
+            page = doc.get("streams") or []
+            names += page
+            if not page or len(names) >= int(doc.get("total", 0)):
+                return names
+
+    async def team_of_run(self, run_id: str) -> str | None:
+        """The team whose RUNS stream holds events of this run (a privileged login's lookup), or None."""
+        for name in await self.stream_names():
+            team = stream_team(name, RUNS_STREAM)
+            if team is not None:
+                info = await self.js.stream_info(name, subjects_filter=run_filter(run_id, team))
+                if info.state.subjects:
+                    return team
+        return None
+
+    async def _made_for(self, events: Iterable[Event]) -> None:
+        """A login that makes streams (:attr:`makes_streams`) makes those of a team it publishes for first."""
+        if self.makes_streams:
+            for team in {event.team for event in events}:
+                await self.ensure_team_streams(team)
 
     async def publish(self, event: Event, timeout_s: float = 5.0) -> api.PubAck:
         """Publish one event and wait for JetStream's acknowledgement.
@@ -384,6 +494,7 @@ class Bus:
         Raises:
             PublishError: no acknowledgement (no stream, timeout, server error).
         """
+        await self._made_for([event])
         try:
             ack = await self.js.publish(
                 event.nats_subject,
@@ -413,6 +524,7 @@ class Bus:
             PublishError: any event was not acknowledged; the others may have been recorded.
         """
         batch = list(events)
+        await self._made_for(batch)
         acks = await self._publish_batch(batch, timeout_s, lambda e: e.nats_subject)
         if self.team is not None:
             await self._keep_own(batch, timeout_s)
@@ -483,12 +595,24 @@ class Bus:
             result = nats.js.errors.APIError.from_error(error) if error else api.PubAck.from_response(doc)
         pending.resolve(int(index), result)
 
-    async def consumer(self, spec: ConsumerSpec) -> Consumer:
-        """Create (or update) a durable consumer and bind to it."""
+    async def consumer(self, spec: ConsumerSpec) -> Consumer | TeamConsumers:
+        """Create (or update) a durable consumer and bind to it; on a family (``RUNS``, ``TRIALS``), one on each
+        team's stream of it, joining teams' streams as they appear."""
+        if spec.stream in TEAM_FAMILIES:
+            group = TeamConsumers(self, spec)
+            await group.start()
+            return group
         return Consumer(self, spec, await self._bind(spec))
 
     async def _bind(self, spec: ConsumerSpec, start_seq: int = 0) -> JetStreamContext.PullSubscription:
+        """Bind to the durable consumer, made or updated to ``spec``; one that exists keeps where it was made to
+        start (a consumer made again after it vanished, or carried over by :mod:`runctl.bus.migrate`): JetStream
+        refuses to change that, and it matters only when the consumer is made."""
         try:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                existing = (await self.js.consumer_info(spec.stream, spec.durable)).config
+                if existing.deliver_policy == api.DeliverPolicy.BY_START_SEQUENCE and not start_seq:
+                    start_seq = int(existing.opt_start_seq or 0)
             await self.js.add_consumer(spec.stream, config=spec.config(start_seq))
             return await self.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
         except nats.js.errors.Error as e:
@@ -657,6 +781,92 @@ class Consumer:
         self.stats.errors += 1
         self.stats.last_error = f"{type(error).__name__}: {error}"
         log.warning("%s: %s", self.spec.durable, self.stats.last_error)
+
+
+class TeamConsumers:
+    """One durable consumer of ``spec`` on every team's stream of its family (``spec.stream`` is ``RUNS`` or
+    ``TRIALS``), each under the spec's durable name. A team's stream made later is joined at once (JetStream's
+    stream-created advisory) or at the next rescan (every ``rescan_s``, for an advisory missed while reconnecting).
+    The handler sees one batch at a time, whichever team's, as it did with one consumer; events of one team keep
+    their order, events of different teams have none between them."""
+
+    def __init__(self, bus: Bus, spec: ConsumerSpec, rescan_s: float = 10.0) -> None:
+        self.bus = bus
+        self.spec = spec
+        self.rescan_s = rescan_s
+        self.members: dict[str, Consumer] = {}
+        self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._advisory: Any = None
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """The members' stats summed (lag: events still to deliver across teams; the latest error)."""
+        total = ConsumerStats()
+        for member in self.members.values():
+            for field in ("handled", "errors", "redelivered", "dead_lettered", "recreated", "lag"):
+                setattr(total, field, getattr(total, field) + getattr(member.stats, field))
+            total.last_error = member.stats.last_error or total.last_error
+        return total
+
+    async def start(self) -> None:
+        """Listen for new streams, then bind to the family's streams that exist."""
+        self._advisory = await self.bus.nc.subscribe(f"{STREAM_CREATED}.*", cb=self._created)
+        await self._scan()
+
+    async def _created(self, msg: Msg) -> None:
+        if stream_team(msg.subject.rpartition(".")[2], self.spec.stream) is not None:
+            self._wake.set()
+
+    async def _scan(self) -> None:
+        for name in await self.bus.stream_names():
+            if name not in self.members and stream_team(name, self.spec.stream) is not None:
+                spec = replace(self.spec, stream=name)
+                self.members[name] = Consumer(self.bus, spec, await self.bus._bind(spec))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for member in self.members.values():
+            member.stop()
+
+    async def close(self) -> None:
+        if self._advisory is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._advisory.unsubscribe()
+        for member in self.members.values():
+            await member.close()
+
+    async def run(self, handler: BatchHandler, fetch_timeout_s: float = 1.0) -> None:
+        async def one_at_a_time(batch: list[Delivery]) -> None:
+            async with self._lock:
+                await handler(batch)
+
+        running: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not self._stop.is_set():
+                for name, member in self.members.items():
+                    if name not in running:
+                        running[name] = asyncio.create_task(member.run(one_at_a_time, fetch_timeout_s))
+                waker = asyncio.create_task(self._wake.wait())
+                await asyncio.wait([waker, *running.values()], timeout=self.rescan_s, return_when="FIRST_COMPLETED")
+                waker.cancel()
+                for task in running.values():
+                    if task.done():  # a member ends only with the connection, or on an error that ends the service
+                        task.result()
+                        return
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+                try:
+                    await self._scan()
+                except BusError as e:
+                    log.warning("%s: looking for new teams' streams: %s", self.spec.durable, e)
+        finally:
+            for member in self.members.values():
+                member.stop()
+            await asyncio.gather(*running.values(), return_exceptions=True)
 
 
 def checked_event(data: bytes, subject: str) -> Event | str:

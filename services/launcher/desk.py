@@ -34,7 +34,7 @@ from nats.aio.subscription import Subscription
 from runctl.bus import Bus
 from runctl.events import CancelRequested, ConfigSubmitted
 from runctl.events.payloads import RUNS_STREAM
-from runctl.subjects import desk_filter, event_subject
+from runctl.subjects import desk_filter, event_subject, team_stream
 from services.launcher.carry.books import Books
 from services.launcher.evalstore import EvalEntry, EvalStore, eval_run_id
 from services.launcher.ledger import LedgerEntry
@@ -147,7 +147,7 @@ class Desk:
         if event not in READABLE:
             raise Refused(f"a runner reads back only {', '.join(READABLE)}, not {event}")
         try:
-            msg = await self.bus.js.get_last_msg(RUNS_STREAM, event_subject(team, run_id, event))
+            msg = await self.bus.js.get_last_msg(team_stream(RUNS_STREAM, team), event_subject(team, run_id, event))
         except nats.js.errors.NotFoundError:
             return {"data": None}
         return {"data": (msg.data or b"").decode()}

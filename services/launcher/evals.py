@@ -29,7 +29,7 @@ from runctl.errors import ConfigError, RunctlError
 from runctl.events import CheckpointSaved, ConfigSubmitted, EvalRequested, Event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import submission_event
-from runctl.subjects import event_subject
+from runctl.subjects import event_subject, team_stream
 from services.launcher.carry.books import Books, failing_checks
 from services.launcher.carry.lifecycle import run_dir_for
 from services.launcher.evalstore import EvalEntry, EvalStore, eval_run_id
@@ -178,7 +178,7 @@ class Evals:
     async def _submitted(self, entry: EvalEntry) -> bool:
         subject = event_subject(entry.team, entry.eval_run, ConfigSubmitted.event_name)
         try:
-            await self.books.bus.js.get_last_msg(RUNS_STREAM, subject)
+            await self.books.bus.js.get_last_msg(team_stream(RUNS_STREAM, entry.team), subject)
         except nats.js.errors.NotFoundError:
             return False
         return True

@@ -21,6 +21,7 @@ from runctl.bus.client import checked_event
 from runctl.errors import RunctlError
 from runctl.events import Event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
+from runctl.subjects import stream_team
 from services.tracker.db import EventRow
 from services.tracker.projection import project
 
@@ -69,7 +70,7 @@ async def stream_events(bus: Bus, stream: str) -> AsyncIterator[list[tuple[Event
 
 
 async def rebuild(bus: Bus, engine: Engine) -> RebuildReport:
-    """Replay the runs stream, then the trials stream, into ``engine``'s database.
+    """Replay every team's runs stream, then every team's trials stream, into ``engine``'s database.
 
     Raises:
         RebuildError: the database already holds events (rebuild into an empty one).
@@ -82,12 +83,20 @@ async def rebuild(bus: Bus, engine: Engine) -> RebuildReport:
             "database. Fix: point --db (or RUNCTL_DB_URL) at a new SQLite file or an empty PostgreSQL database."
         )
     report = RebuildReport()
-    for stream in (RUNS_STREAM, TRIALS_STREAM):
-        report.streams[stream] = 0
-        async for batch in stream_events(bus, stream):
-            report.streams[stream] += len(batch)
-            good = [(event, seq) for event, seq in batch if isinstance(event, Event)]
-            report.skipped += [f"{stream}#{seq}: {event}" for event, seq in batch if not isinstance(event, Event)]
-            with engine.begin() as conn:
-                report.stored += len(project(conn, good))
+    names = await bus.stream_names()
+    for family in (RUNS_STREAM, TRIALS_STREAM):  # every team's runs before any trial, as the projection wants
+        for stream in sorted(name for name in names if stream_team(name, family) is not None):
+            report.streams[stream] = await _replay(bus, engine, stream, report)
     return report
+
+
+async def _replay(bus: Bus, engine: Engine, stream: str, report: RebuildReport) -> int:
+    """Project one stream's events; how many it held."""
+    read = 0
+    async for batch in stream_events(bus, stream):
+        read += len(batch)
+        good = [(event, seq) for event, seq in batch if isinstance(event, Event)]
+        report.skipped += [f"{stream}#{seq}: {event}" for event, seq in batch if not isinstance(event, Event)]
+        with engine.begin() as conn:
+            report.stored += len(project(conn, good))
+    return read

@@ -108,6 +108,7 @@ def test_preflight_only_and_dry_run_validate_and_publish_nothing(stack: Cli) -> 
 
 
 def _stream_messages(home: Path, stream: str) -> int:
+    """Messages in every team's stream of a family."""
     import asyncio
 
     from runctl.bus import Bus
@@ -115,7 +116,10 @@ def _stream_messages(home: Path, stream: str) -> int:
     async def count() -> int:
         bus = await Bus.connect(admin_bus_url(home))
         try:
-            return int((await bus.js.stream_info(stream)).state.messages)
+            from runctl.subjects import stream_team
+
+            names = [name for name in await bus.stream_names() if stream_team(name, stream) is not None]
+            return sum([int((await bus.js.stream_info(name)).state.messages) for name in names])
         finally:
             await bus.close()
 

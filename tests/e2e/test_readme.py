@@ -200,12 +200,13 @@ async def republish_and_drain(nats_url: str, event: Any) -> None:
     """Publish ``event`` and wait until the launcher's consumer has acknowledged everything it was given."""
     from runctl.bus import Bus
     from runctl.events.payloads import RUNS_STREAM
+    from runctl.subjects import team_stream
 
     bus = await Bus.connect(nats_url)
     try:
         await bus.publish(event)
         for _ in range(600):
-            info = await bus.js.consumer_info(RUNS_STREAM, "launcher")
+            info = await bus.js.consumer_info(team_stream(RUNS_STREAM, event.team), "launcher")
             if info.num_pending == 0 and info.num_ack_pending == 0:
                 return
             await asyncio.sleep(0.1)

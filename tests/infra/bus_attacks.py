@@ -38,6 +38,7 @@ from runctl.natsauth import (
     view_subject,
 )
 from runctl.stack import nats_server_binary
+from runctl.subjects import team_stream
 from runctl.teams import BUCKET
 from tests.conftest import free_port, wait_until
 
@@ -47,6 +48,7 @@ MARKER = b"vision-secret"
 VICTIM_EVENT = f"runctl.{VICTIM}.v-run.cancel.requested"
 OWN_EVENT = f"runctl.{ATTACKER}.n-run.cancel.requested"
 LAUNCHER = "launcher"
+VICTIM_RUNS, VICTIM_TRIALS = team_stream(RUNS_STREAM, VICTIM), team_stream(TRIALS_STREAM, VICTIM)
 
 
 @dataclass
@@ -97,9 +99,9 @@ def nats_bus(folder: Path, edit: Callable[[dict[str, object]], None] = lambda _:
 async def _prepare(bus: Bus) -> None:
     services = await nats.connect(bus.url(SERVICES_USER))
     js = services.jetstream()
-    for config in stream_configs():
+    for config in stream_configs(teams=(VICTIM, ATTACKER)):
         await js.add_stream(config)
-    await js.add_consumer(RUNS_STREAM, api.ConsumerConfig(durable_name=LAUNCHER, ack_policy=api.AckPolicy.EXPLICIT))
+    await js.add_consumer(VICTIM_RUNS, api.ConsumerConfig(durable_name=LAUNCHER, ack_policy=api.AckPolicy.EXPLICIT))
     from runctl.bus import Bus as RunctlBus
 
     maker = await RunctlBus.connect(bus.url(SERVICES_USER))
@@ -130,9 +132,9 @@ async def state(bus: Bus) -> State:
     victim = await nats.connect(bus.url(VICTIM))
     try:
         js = services.jetstream()
-        runs = await js.stream_info(RUNS_STREAM, subjects_filter=">")
-        trials = await js.stream_info(TRIALS_STREAM, subjects_filter=">")
-        launcher = await js.consumer_info(RUNS_STREAM, LAUNCHER)
+        runs = await js.stream_info(VICTIM_RUNS, subjects_filter=">")
+        trials = await js.stream_info(VICTIM_TRIALS, subjects_filter=">")
+        launcher = await js.consumer_info(VICTIM_RUNS, LAUNCHER)
         view = await victim.jetstream().stream_info(VIEW_STREAM, subjects_filter=">")
         return State(
             dict(runs.state.subjects or {}),
@@ -192,28 +194,28 @@ ATTACKS: dict[str, Attempt] = {
     "subscribe to the victim's view": lambda a: a.subscribe(view_subject(f"runctl.{VICTIM}.>")),
     "subscribe to everything": lambda a: a.subscribe(">"),
     "consumer on RUNS filtered on the victim": lambda a: a.js.add_consumer(
-        RUNS_STREAM, api.ConsumerConfig(name="peek", filter_subject=f"runctl.{VICTIM}.>")
+        VICTIM_RUNS, api.ConsumerConfig(name="peek", filter_subject=f"runctl.{VICTIM}.>")
     ),
     "update the launcher's consumer to its own filter": lambda a: a.nc.request(
-        f"$JS.API.CONSUMER.CREATE.{RUNS_STREAM}.{LAUNCHER}.runctl.{ATTACKER}.>",
+        f"$JS.API.CONSUMER.CREATE.{VICTIM_RUNS}.{LAUNCHER}.runctl.{ATTACKER}.>",
         json.dumps(
-            {"stream_name": RUNS_STREAM, "config": {"durable_name": LAUNCHER, "filter_subject": f"runctl.{ATTACKER}.>"}}
+            {"stream_name": VICTIM_RUNS, "config": {"durable_name": LAUNCHER, "filter_subject": f"runctl.{ATTACKER}.>"}}
         ).encode(),
         timeout=1,
     ),
-    "list the subjects of RUNS": lambda a: a.js.stream_info(RUNS_STREAM, subjects_filter=">"),
+    "list the subjects of RUNS": lambda a: a.js.stream_info(VICTIM_RUNS, subjects_filter=">"),
     "list the subjects of its own view": lambda a: a.js.stream_info(VIEW_STREAM, subjects_filter=">"),
-    "stream get by sequence": lambda a: a.js.get_msg(RUNS_STREAM, 1),
-    "direct get of the victim's last event": lambda a: a.js.get_last_msg(RUNS_STREAM, VICTIM_EVENT, direct=True),
+    "stream get by sequence": lambda a: a.js.get_msg(VICTIM_RUNS, 1),
+    "direct get of the victim's last event": lambda a: a.js.get_last_msg(VICTIM_RUNS, VICTIM_EVENT, direct=True),
     "pull from the launcher's consumer": lambda a: a.nc.request(
-        f"$JS.API.CONSUMER.MSG.NEXT.{RUNS_STREAM}.{LAUNCHER}", b"1", timeout=1
+        f"$JS.API.CONSUMER.MSG.NEXT.{VICTIM_RUNS}.{LAUNCHER}", b"1", timeout=1
     ),
-    "ack on the launcher's consumer": lambda a: a.nc.publish(f"$JS.ACK.{RUNS_STREAM}.{LAUNCHER}.1.1.1.0.0", b"+ACK"),
-    "launcher consumer info": lambda a: a.js.consumer_info(RUNS_STREAM, LAUNCHER),
-    "delete the launcher's consumer": lambda a: a.js.delete_consumer(RUNS_STREAM, LAUNCHER),
-    "purge RUNS": lambda a: a.js.purge_stream(RUNS_STREAM),
-    "delete TRIALS": lambda a: a.js.delete_stream(TRIALS_STREAM),
-    "update RUNS": lambda a: a.js.update_stream(api.StreamConfig(name=RUNS_STREAM, subjects=["x.>"])),
+    "ack on the launcher's consumer": lambda a: a.nc.publish(f"$JS.ACK.{VICTIM_RUNS}.{LAUNCHER}.1.1.1.0.0", b"+ACK"),
+    "launcher consumer info": lambda a: a.js.consumer_info(VICTIM_RUNS, LAUNCHER),
+    "delete the launcher's consumer": lambda a: a.js.delete_consumer(VICTIM_RUNS, LAUNCHER),
+    "purge RUNS": lambda a: a.js.purge_stream(VICTIM_RUNS),
+    "delete TRIALS": lambda a: a.js.delete_stream(VICTIM_TRIALS),
+    "update RUNS": lambda a: a.js.update_stream(api.StreamConfig(name=VICTIM_RUNS, subjects=["x.>"])),
     "a stream of its own capturing its subjects": lambda a: a.js.add_stream(
         api.StreamConfig(name="MINE", subjects=[f"runctl.{ATTACKER}.>"])
     ),
@@ -231,7 +233,7 @@ ATTACKS: dict[str, Attempt] = {
     ),
     "push its events onto the victim's view": lambda a: a.deliver_onto(view_subject(VICTIM_EVENT)),
     "push its events onto the launcher's consumer API": lambda a: a.deliver_onto(
-        f"$JS.API.CONSUMER.CREATE.{RUNS_STREAM}.{LAUNCHER}"
+        f"$JS.API.CONSUMER.CREATE.{VICTIM_RUNS}.{LAUNCHER}"
     ),
 }
 

@@ -8,14 +8,16 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from runctl.bus import Bus, Consumer, ConsumerSpec, Delivery, StreamLimits
-from runctl.bus.client import BatchHandler
+from runctl.bus.client import BatchHandler, TeamConsumers
 from runctl.errors import BusUnreachableError, PublishError
 from runctl.events import StepDone, TrialFinished, new_event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
-from runctl.subjects import DEADLETTER_STREAM, deadletter_subject, event_filter, event_subject
+from runctl.subjects import DEADLETTER_STREAM, deadletter_subject, event_filter, event_subject, team_stream
 from tests.conftest import NatsServer, async_wait_until, free_port
 
 pytestmark = pytest.mark.integration
+
+NLP_RUNS, NLP_TRIALS = team_stream(RUNS_STREAM, "nlp"), team_stream(TRIALS_STREAM, "nlp")
 
 
 def step(n: int, run_id: str = "r-1", event_id: str | None = None):  # type: ignore[no-untyped-def]
@@ -26,7 +28,7 @@ def step(n: int, run_id: str = "r-1", event_id: str | None = None):  # type: ign
 
 async def consume_until(
     bus: Bus, spec: ConsumerSpec, handler: BatchHandler, condition: Callable[[], object], what: str
-) -> Consumer:
+) -> Consumer | TeamConsumers:
     """Run a consumer until ``condition`` holds (or fail the test naming ``what``), then stop it."""
     consumer = await bus.consumer(spec)
     task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
@@ -46,33 +48,44 @@ def dead_lettered(bus: Bus, count: int = 1) -> Callable[[], Awaitable[bool]]:
 
 
 async def test_streams_are_created_idempotently_and_updated_when_limits_change(bus: Bus) -> None:
-    await bus.ensure_streams()
-    await asyncio.gather(bus.ensure_streams(), bus.ensure_streams())
+    await bus.ensure_streams(teams=["nlp"])
+    await asyncio.gather(bus.ensure_streams(teams=["nlp"]), bus.ensure_streams(teams=["nlp", "vision"]))
     names = {info.config.name for info in await bus.js.streams_info()}
-    assert {RUNS_STREAM, TRIALS_STREAM, DEADLETTER_STREAM} <= names
-    trials = await bus.js.stream_info(TRIALS_STREAM)
+    assert {NLP_RUNS, NLP_TRIALS, team_stream(TRIALS_STREAM, "vision"), DEADLETTER_STREAM} <= names
+    assert not {RUNS_STREAM, TRIALS_STREAM} & names  # no stream shared by teams
+    trials = await bus.js.stream_info(NLP_TRIALS)
     names = ("trial.finished", "sandbox.created", "sandbox.destroyed")
-    assert sorted(trials.config.subjects or []) == sorted(event_filter(name) for name in names)
-    await bus.ensure_streams(StreamLimits(trials_max_age_s=3600.0))
-    assert (await bus.js.stream_info(TRIALS_STREAM)).config.max_age == 3600.0
+    assert sorted(trials.config.subjects or []) == sorted(event_filter(name, team="nlp") for name in names)
+    await bus.ensure_streams(StreamLimits(trials_max_age_s=3600.0), teams=["nlp"])
+    assert (await bus.js.stream_info(NLP_TRIALS)).config.max_age == 3600.0
+
+
+async def test_a_privileged_publish_makes_its_teams_streams_first(nats_server: NatsServer) -> None:
+    bare = await Bus.connect(nats_server.url)
+    try:
+        assert (await bare.publish(step(1))).stream == NLP_RUNS
+        assert (await bare.publish_many([step(2, run_id="r-2")]))[0].stream == NLP_RUNS
+        assert await bare.team_of_run("r-2") == "nlp" and await bare.team_of_run("r-3") is None
+    finally:
+        await bare.close()
 
 
 async def test_events_land_in_their_stream_on_their_subject(bus: Bus) -> None:
     ack = await bus.publish(step(1))
-    assert ack.stream == RUNS_STREAM
+    assert ack.stream == NLP_RUNS
     trial = new_event(
         TrialFinished(task="t", trial=0, reward=1.0, termination_reason="agent_completed"),
         team="nlp",
         run_id="r-1",
         source="/t",
     )
-    assert (await bus.publish(trial)).stream == TRIALS_STREAM
-    msg = await bus.js.get_last_msg(RUNS_STREAM, event_subject("nlp", "r-1", "step.done"))
+    assert (await bus.publish(trial)).stream == NLP_TRIALS
+    msg = await bus.js.get_last_msg(NLP_RUNS, event_subject("nlp", "r-1", "step.done"))
     assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == (await _first_id(bus))
 
 
 async def _first_id(bus: Bus) -> str:
-    msg = await bus.js.get_msg(RUNS_STREAM, 1)
+    msg = await bus.js.get_msg(NLP_RUNS, 1)
     import json
 
     return str(json.loads(msg.data)["id"])
@@ -83,7 +96,7 @@ async def test_the_same_event_published_twice_is_stored_once(bus: Bus) -> None:
     first = await bus.publish(event)
     again = await bus.publish(event)
     assert again.duplicate is True and again.seq == first.seq
-    assert (await bus.js.stream_info(RUNS_STREAM)).state.messages == 1
+    assert (await bus.js.stream_info(NLP_RUNS)).state.messages == 1
 
 
 async def test_publish_many_pipelines_and_dedupes(bus: Bus) -> None:
@@ -91,7 +104,7 @@ async def test_publish_many_pipelines_and_dedupes(bus: Bus) -> None:
     acks = await bus.publish_many(events + events[:100])
     assert len(acks) == 600
     assert sum(1 for a in acks if a.duplicate) == 100
-    assert (await bus.js.stream_info(RUNS_STREAM)).state.messages == 500
+    assert (await bus.js.stream_info(NLP_RUNS)).state.messages == 500
 
 
 async def test_unreachable_bus_names_the_fix() -> None:
@@ -99,16 +112,6 @@ async def test_unreachable_bus_names_the_fix() -> None:
     with pytest.raises(BusUnreachableError) as info:
         await Bus.connect(url)
     assert url in info.value.message and "runctl up" in info.value.message and "RUNCTL_NATS_URL" in info.value.message
-
-
-async def test_publish_without_a_stream_raises_publish_error(nats_server: NatsServer) -> None:
-    bare = await Bus.connect(nats_server.url)
-    try:
-        with pytest.raises(PublishError) as info:
-            await bare.publish(step(1), timeout_s=1.0)
-        assert info.value.run_id == "r-1"
-    finally:
-        await bare.close()
 
 
 async def test_consumer_delivers_in_order_and_resumes_where_it_left_off(bus: Bus) -> None:
@@ -127,9 +130,9 @@ async def test_consumer_delivers_in_order_and_resumes_where_it_left_off(bus: Bus
 
 
 async def test_a_consumer_that_vanished_is_made_again_from_where_it_had_got_to(bus: Bus) -> None:
-    spec = ConsumerSpec(durable="t-vanish", stream=RUNS_STREAM, filter_subjects=[event_filter("step.done")])
+    spec = ConsumerSpec(durable="t-vanish", stream=NLP_RUNS, filter_subjects=[event_filter("step.done")])
     await bus.publish_many([step(i) for i in range(5)])
-    last = (await bus.js.stream_info(RUNS_STREAM)).state.last_seq
+    last = (await bus.js.stream_info(NLP_RUNS)).state.last_seq
     seen: list[int] = []
 
     async def handler(batch: list[Delivery]) -> None:
@@ -140,10 +143,10 @@ async def test_a_consumer_that_vanished_is_made_again_from_where_it_had_got_to(b
     task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
     try:
         await async_wait_until(lambda: len(seen) == 5 and consumer.ack_floor == last, 15, "5 done, as the server says")
-        await bus.js.delete_consumer(RUNS_STREAM, "t-vanish")  # as an admin's mistake, or a server's lost state
+        await bus.js.delete_consumer(NLP_RUNS, "t-vanish")  # as an admin's mistake, or a server's lost state
         await bus.publish_many([step(i) for i in range(5, 8)])
         await async_wait_until(lambda: len(seen) == 8, 15, "the events published after the consumer vanished")
-        info = await bus.js.consumer_info(RUNS_STREAM, "t-vanish")
+        info = await bus.js.consumer_info(NLP_RUNS, "t-vanish")
     finally:
         consumer.stop()
         await task
@@ -185,6 +188,7 @@ async def test_a_poison_event_is_dead_lettered_and_does_not_hold_back_the_others
 
 async def test_a_message_that_is_not_an_event_is_dead_lettered_at_once(bus: Bus) -> None:
     spec = ConsumerSpec(durable="t-garbage", stream=RUNS_STREAM, filter_subjects=[event_filter("step.done")])
+    await bus.ensure_streams(teams=["nlp"])
     await bus.js.publish(event_subject("nlp", "r-1", "step.done"), b"{not json")
     await bus.publish(step(1))
     handled: list[int] = []
@@ -209,19 +213,55 @@ async def test_publish_many_keeps_at_most_a_window_unacknowledged(bus: Bus) -> N
     assert [a.seq for a in acks] == list(range(1, 1001))
 
 
-async def test_publish_many_without_a_stream_raises_publish_error(nats_server: NatsServer) -> None:
-    bare = await Bus.connect(nats_server.url)
+async def test_a_full_runs_stream_refuses_its_teams_events_and_keeps_what_it_has(bus: Bus) -> None:
+    await bus.ensure_streams(StreamLimits(runs_max_bytes=4096), teams=["nlp", "vision"])
+    kept: list[int] = []
+    with pytest.raises(PublishError) as info:
+        for n in range(100):
+            await bus.publish(step(n), timeout_s=2.0)
+            kept.append(n)
+    assert info.value.run_id == "r-1" and "maximum bytes" in info.value.message
+    stored = await bus.js.stream_info(NLP_RUNS)
+    assert 0 < stored.state.messages == len(kept) and stored.state.first_seq == 1  # nothing it had was dropped
+    other = new_event(StepDone(step=1, metrics={}), team="vision", run_id="r-1", source="/t")
+    assert (await bus.publish(other)).stream == team_stream(RUNS_STREAM, "vision")  # another team's still go in
+
+
+async def test_a_family_consumer_reads_every_teams_stream_and_joins_new_ones(bus: Bus) -> None:
+    spec = ConsumerSpec(durable="t-family", stream=RUNS_STREAM, filter_subjects=[event_filter("step.done")])
+    await bus.publish(step(1))
+    seen: list[tuple[str, int]] = []
+    busy = 0
+
+    async def handler(batch: list[Delivery]) -> None:
+        nonlocal busy
+        busy += 1
+        assert busy == 1, "the handler ran for two teams at once"
+        await asyncio.sleep(0.01)
+        seen.extend((d.event.team, d.event.data.step) for d in batch)  # type: ignore[attr-defined]
+        busy -= 1
+
+    group = await bus.consumer(spec)
+    group.rescan_s = 300.0  # type: ignore[union-attr]  # the advisory, not the rescan, must bring the new team in
+    task = asyncio.create_task(group.run(handler))
     try:
-        with pytest.raises(PublishError) as info:
-            await bare.publish_many([step(1), step(2)], timeout_s=2.0)
-        assert "NoStreamResponseError" in info.value.message
+        await async_wait_until(lambda: seen == [("nlp", 1)], 15, "the existing team's event")
+        late = [new_event(StepDone(step=n, metrics={}), team="vision", run_id="r-1", source="/t") for n in range(3)]
+        await bus.publish_many(late + [step(2)])
+        await async_wait_until(lambda: len(seen) == 5, 15, "the new team's events and the old team's next")
     finally:
-        await bare.close()
+        group.stop()
+        await task
+        await group.close()
+    assert sorted(seen) == [("nlp", 1), ("nlp", 2), ("vision", 0), ("vision", 1), ("vision", 2)]
+    assert [n for team, n in seen if team == "vision"] == [0, 1, 2]
+    assert group.stats.handled == 5 and set(group.members) == {NLP_RUNS, team_stream(RUNS_STREAM, "vision")}  # type: ignore[union-attr]
 
 
 async def test_an_envelope_that_claims_another_team_than_its_subject_is_dead_lettered(bus: Bus) -> None:
     spec = ConsumerSpec(durable="t-forged", stream=RUNS_STREAM, filter_subjects=[event_filter("step.done")])
     forged = step(1)  # claims team nlp, run r-1
+    await bus.ensure_streams(teams=["nlp", "vision"])
     await bus.js.publish(event_subject("vision", "r-1", "step.done"), forged.to_json())
     handled: list[str] = []
 

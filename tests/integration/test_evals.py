@@ -23,7 +23,7 @@ from runctl.events import (
 )
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import submission_event
-from runctl.subjects import run_filter
+from runctl.subjects import run_filter, team_stream
 from services.launcher.carry.books import Books
 from services.launcher.evals import Evals
 from services.launcher.evalstore import EvalStore, eval_run_id
@@ -57,7 +57,7 @@ def checkpoint(step: int, tmp_path: Path) -> Any:
 
 async def run_events(bus: Bus, run_id: str) -> list[Any]:
     found = []
-    sub = await bus.js.subscribe(run_filter(run_id), stream=RUNS_STREAM, ordered_consumer=True)
+    sub = await bus.js.subscribe(run_filter(run_id), stream=team_stream(RUNS_STREAM, "demo"), ordered_consumer=True)
     try:
         while True:
             try:

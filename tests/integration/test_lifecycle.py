@@ -16,6 +16,7 @@ from runctl.config import load_config
 from runctl.events import ConfigSubmitted, new_event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import RunctlClient, submission_event
+from runctl.subjects import team_stream
 from tests.conftest import ROOT, Services, admin_headers, wait_until
 
 pytestmark = pytest.mark.integration
@@ -155,7 +156,7 @@ def test_the_same_event_published_twice_is_stored_once(services: Services, tmp_p
     async def stream_count() -> int:
         bus = await Bus.connect(services.nats_url)
         try:
-            return int((await bus.js.stream_info(RUNS_STREAM)).state.messages)
+            return int((await bus.js.stream_info(team_stream(RUNS_STREAM, event.team))).state.messages)
         finally:
             await bus.close()
 

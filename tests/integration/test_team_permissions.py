@@ -21,6 +21,7 @@ from runctl.events import CancelRequested, RunAdmitted, new_event
 from runctl.events.payloads import RUNS_STREAM
 from runctl.sdk import RunctlClient
 from runctl.stack import nats_server_binary
+from runctl.subjects import team_stream
 from tests.conftest import ROOT, Services, free_port, login_refused, wait_until
 
 pytestmark = pytest.mark.integration
@@ -111,13 +112,13 @@ def test_a_team_publishes_as_itself_and_not_as_another_team(secured: Secured) ->
 
     async def go() -> dict[str, int]:
         services = await Bus.connect(url(port, "runctl", "svc-pw"))
-        await services.ensure_streams()
+        await services.ensure_streams(teams=["nlp", "vision"])
         await _publish_as(port, "nlp", token, "nlp")
         with pytest.raises(PublishError):
             await _publish_as(port, "nlp", token, "vision")
         with pytest.raises(PublishError):  # an event only the services write, even of its own run
             await _publish_as(port, "nlp", token, "nlp", "run.admitted")
-        info = await services.js.stream_info(RUNS_STREAM, subjects_filter="runctl.>")
+        info = await services.js.stream_info(team_stream(RUNS_STREAM, "nlp"), subjects_filter="runctl.>")
         await services.close()
         return dict(info.state.subjects or {})
 

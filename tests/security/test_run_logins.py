@@ -24,7 +24,7 @@ from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
 from runctl.home import read_stack_state
 from runctl.natsauth import SERVICES_USER, RunUser, nats_hash, run_inbox, run_user
 from runctl.stackbus import stack_logins
-from runctl.subjects import desk_subject
+from runctl.subjects import desk_subject, team_stream
 from services.launcher.carry.books import Books
 from services.launcher.desk import Desk, desk_owner_prefix
 from services.launcher.evalstore import BUCKET as EVALS
@@ -44,6 +44,7 @@ TEAM, RUN, SIBLING = "nlp", "r1", "r2"
 PASSWORD = "r1-secret"
 VICTIM_RUN = "v-run"
 VICTIM_SANDBOX = "sb-vision-1"
+VICTIM_RUNS = team_stream(RUNS_STREAM, VICTIM)
 
 
 def with_run_users(config: dict[str, Any]) -> None:
@@ -88,7 +89,7 @@ async def everything(bus: NatsBus) -> dict[str, Any]:
     js = nc.jetstream()
     found: dict[str, Any] = {}
     try:
-        for stream in (RUNS_STREAM, TRIALS_STREAM):
+        for stream in [team_stream(family, team) for family in (RUNS_STREAM, TRIALS_STREAM) for team in (TEAM, VICTIM)]:
             found[stream] = dict((await js.stream_info(stream, subjects_filter=">")).state.subjects or {})
         for bucket in (LEDGER, SANDBOXES, EVALS):
             kv = await open_bucket(js, bucket)
@@ -132,9 +133,11 @@ ATTACKS: dict[str, Attempt] = {
     "publish a launcher-only event of its own run": lambda r: r.nc.jetstream(timeout=1).publish(
         f"runctl.{TEAM}.{RUN}.run.admitted", b"forged"
     ),
-    "list the subjects of RUNS": lambda r: r.nc.jetstream(timeout=1).stream_info(RUNS_STREAM, subjects_filter=">"),
+    "list the subjects of RUNS": lambda r: r.nc.jetstream(timeout=1).stream_info(
+        team_stream(RUNS_STREAM, VICTIM), subjects_filter=">"
+    ),
     "direct get of the victim's last event": lambda r: r.nc.jetstream(timeout=1).get_last_msg(
-        RUNS_STREAM, VICTIM_EVENT, direct=True
+        VICTIM_RUNS, VICTIM_EVENT, direct=True
     ),
     "write the launcher's ledger entry of another run": lambda r: r.nc.jetstream(timeout=1).publish(
         f"$KV.{LEDGER}.{VICTIM_RUN}", b'{"team": "vision", "state": "ended"}'
@@ -186,7 +189,7 @@ async def attempt(bus: NatsBus, name: str) -> list[str]:
     finally:
         await nc.close()
     after = await everything(bus)
-    after[RUNS_STREAM][VICTIM_EVENT] -= 1  # the victim's own publish above
+    after[team_stream(RUNS_STREAM, VICTIM)][VICTIM_EVENT] -= 1  # the victim's own publish above
     changed = [f"{what} changed" for what in before if before[what] != after[what]]
     return changed + [g.decode(errors="replace")[:200] for g in runner.got if MARKER in g or g.startswith(b"granted")]
 
@@ -203,7 +206,7 @@ async def test_a_runner_does_its_own_runs_work_on_its_login(bus: NatsBus, desk: 
     try:
         assert runner.run == (TEAM, RUN)
         ack = await runner.js.publish(f"runctl.{TEAM}.{RUN}.trial.finished", b"{}")
-        assert ack.stream == TRIALS_STREAM
+        assert ack.stream == team_stream(TRIALS_STREAM, TEAM)
         from runctl.bus import desk as asked
 
         assert (await asked.ask(runner, "ledger_get"))["entry"]["team"] == TEAM
@@ -229,6 +232,7 @@ def test_a_runs_login_is_taken_by_the_stacks_bus_and_cut_off_when_revoked(stack:
     async def scenario() -> tuple[str, bool, str]:
         services = await Bus.connect(logins[SERVICES_USER].url(url), as_team=False)
         try:
+            await services.ensure_streams(teams=[TEAM])  # as the launcher has by the time a run has a login
             login = await runlogins.issue(services, TEAM, RUN)
             await runlogins.wait_accepted(url, login, timeout_s=30)
             runner = await Bus.connect(login.url(url), as_team=False, reconnect=False)

@@ -150,6 +150,7 @@ async def test_a_workers_sandboxes_are_booked_in_the_ledger_with_the_bus_the_run
 
     from runctl.bus import Bus
     from runctl.events.payloads import TRIALS_STREAM
+    from runctl.subjects import team_stream
     from runctl.verl import verl_overrides
     from services.launcher.engines.verl.engine import worker_env_overrides
     from services.sandbox.ledger import SandboxLedger
@@ -180,7 +181,9 @@ async def test_a_workers_sandboxes_are_booked_in_the_ledger_with_the_bus_the_run
         assert outcome.record["reward"] == 1.0
         await TrialHost.close_all()
         assert owner not in await ledger.live_owners(60) and await ledger.entries() == {}
-        info = await bus.js.stream_info(TRIALS_STREAM, subjects_filter="runctl.default.r-verl.>")
+        info = await bus.js.stream_info(
+            team_stream(TRIALS_STREAM, "default"), subjects_filter="runctl.default.r-verl.>"
+        )
         assert info.state.subjects == {
             "runctl.default.r-verl.sandbox.created": 1,
             "runctl.default.r-verl.sandbox.destroyed": 1,

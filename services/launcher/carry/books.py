@@ -19,7 +19,7 @@ from runctl.config.models import RunConfig
 from runctl.errors import BusError, RunctlError
 from runctl.events import ConfigSubmitted, TrialFinished, new_event, parse_event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM, Payload
-from runctl.subjects import event_subject
+from runctl.subjects import event_subject, team_stream
 from services.launcher.carry.lifecycle import failed
 from services.launcher.errors import ForegroundRun, LauncherError
 from services.launcher.evalstore import EvalEntry, EvalStore, eval_run_id
@@ -95,8 +95,8 @@ class RunBooks:
         data = await self.last_event(team, run_id, ConfigSubmitted.event_name)
         if data is None:
             raise LauncherError(
-                f"no config.submitted for run {run_id} of team {team} in the {RUNS_STREAM} stream, so there is "
-                "nothing to launch. Fix: submit the config again.",
+                f"no config.submitted for run {run_id} of team {team} in its {team_stream(RUNS_STREAM, team)} stream, "
+                "so there is nothing to launch. Fix: submit the config again.",
                 run_id=run_id,
                 team=team,
             )
@@ -144,7 +144,7 @@ class Books(RunBooks):
         try:
             while True:
                 try:
-                    msg = await self.bus.js.get_msg(TRIALS_STREAM, seq, subject=subject, next=True)
+                    msg = await self.bus.js.get_msg(team_stream(TRIALS_STREAM, team), seq, subject=subject, next=True)
                 except nats.js.errors.NotFoundError:
                     break
                 ids.add(parse_event(msg.data or b"").id)
@@ -156,7 +156,7 @@ class Books(RunBooks):
 
     async def last_event(self, team: str, run_id: str, name: str) -> bytes | None:
         try:
-            msg = await self.bus.js.get_last_msg(RUNS_STREAM, event_subject(team, run_id, name))
+            msg = await self.bus.js.get_last_msg(team_stream(RUNS_STREAM, team), event_subject(team, run_id, name))
         except nats.js.errors.NotFoundError:
             return None
         return msg.data or b""
