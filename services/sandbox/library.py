@@ -42,6 +42,7 @@ __all__ = [
     "docker_host",
     "kubeconfig_path",
     "local_backend_problem",
+    "local_disk_problem",
     "local_limits_problem",
     "local_public_problem",
     "local_task_problem",
@@ -153,6 +154,13 @@ def local_limits_problem() -> str | None:
     from services.sandbox.backends.local_backend import cgroup_limits_problem
 
     return cgroup_limits_problem()
+
+
+def local_disk_problem() -> str | None:
+    """Why local sandboxes get no disk limit (a task's storage_mb) on this host, or None."""
+    from services.sandbox.backends.disk import disk_limit_problem
+
+    return disk_limit_problem()
 
 
 def local_public_problem() -> str | None:

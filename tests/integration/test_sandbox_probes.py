@@ -186,6 +186,23 @@ def test_a_public_network_the_host_cannot_give_a_local_sandbox_is_fatal(
     assert probe(eval_config(tmp_path), "sandbox.local").severity == "ok"  # the test tasks need no network
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_a_storage_limit_the_host_cannot_hold_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task's storage_mb is a loop-mounted file system on the local backend (mkfs.ext4, as root): without the tool
+    the check warns, for the runs whose tasks set it only."""
+    path = "/usr/bin:/bin"  # bwrap, not mkfs.ext4 (in /usr/sbin)
+    if shutil.which("bwrap", path=path) is None or shutil.which("mkfs.ext4", path=path) is not None:
+        pytest.skip(f"this host's {path} does not split the tools that way")
+    monkeypatch.setenv("PATH", path)
+    assert probe(eval_config(tmp_path), "sandbox.local").severity == "ok"  # the test tasks set no storage_mb
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS / "hello", tasks / "sized")
+    toml = (TASKS / "hello" / "task.toml").read_text().replace("hello", "sized")
+    (tasks / "sized" / "task.toml").write_text(toml.replace("[environment]", '[environment]\nstorage = "64M"'))
+    result = probe(eval_config(tmp_path, tasks), "sandbox.local")
+    assert result.severity == "warn" and "set storage_mb" in result.message and "mkfs.ext4" in result.message, result
+
+
 def kube_config(tmp_path: Path, kubeconfig: Path, namespace: str = "runctl") -> Path:
     values = {"BACKEND": "k8s", "KUBECONFIG": str(kubeconfig), "K8S_NAMESPACE": namespace, "IMAGE_BUILD": "1"}
     return fake_config(tmp_path, **values)

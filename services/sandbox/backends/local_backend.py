@@ -13,6 +13,8 @@ limits, mounts). Each command is one ``bwrap`` process:
 - limits: a cgroup per sandbox for memory (no swap), pids and CPU when this process may write the hierarchy (root):
   one folder on cgroup v2, one per controller on v1; else resource limits (address space, processes) on the bwrap
   process (the validator warns);
+- disk: a task's ``storage_mb`` is the size of an ext4 file system, loop-mounted, that holds the sandbox's
+  writable folders (``disk.py``; root only, else none and the validator warns);
 - a timeout kills the command's whole PID namespace (and the cgroup's processes): nothing it started lives on.
 
 With no image builder, a task's Dockerfile is read, not built: ``FROM`` picks the root (an unpacked folder under
@@ -48,6 +50,7 @@ from services.sandbox.backends.base import (
     SandboxError,
     SandboxSpec,
 )
+from services.sandbox.backends.disk import disk_limit_problem, make_disk, remove_disk
 from services.sandbox.backends.execio import Capture, exec_result
 from services.sandbox.backends.files import seal_in
 
@@ -70,6 +73,8 @@ HOST_ETC_FILES = (
 ROOTFS_SKIP = {"proc", "dev", "sys", "tmp", "run", "logs"}
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids", "cpu")
+DISK, DISK_IMAGE = "disk", "disk.img"
+"""Where a sandbox's own file system is mounted, and its image, under its folder (:mod:`.disk`)."""
 ALLOWED_BUILD_STEPS = {"FROM", "WORKDIR", "ENV", "COPY", "LABEL", "CMD", "ENTRYPOINT", "EXPOSE", "ARG", "USER"}
 log = logging.getLogger(__name__)
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -120,6 +125,7 @@ class LocalBackend:
     def __init__(self, root: Path | None = None, rootfs_dir: Path | None = None, cgroup_parent: str = "runctl") -> None:
         self.root = root or home() / "sandboxes"
         self.rootfs_dir = rootfs_dir or home() / "rootfs"
+        self._disk_warned = False
         self.cgroup_parent = cgroup_parent
         self.bwrap = bwrap_binary()
 
@@ -152,11 +158,12 @@ class LocalBackend:
             raise SandboxError(problem)
         folder = self.root / spec.sandbox_id
         workdir = spec.workdir or plan.get("workdir") or "/app"
-        mounts = {workdir: "work", "/logs": "logs", "/tmp": "tmp"}
+        # With a disk limit the writable folders live on the sandbox's own file system, mounted at ``disk``.
+        limited = bool(spec.storage_mb) and self._disk_limits()
+        data = f"{DISK}/" if limited else ""
+        mounts = {workdir: f"{data}work", "/logs": f"{data}logs", "/tmp": f"{data}tmp"}
         try:
-            for name in ("work", "logs/agent", "logs/verifier", "logs/artifacts", "tmp"):
-                (folder / name).mkdir(parents=True, exist_ok=True)
-            os.chmod(folder / "tmp", 0o1777)
+            folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SandboxError(
                 f"cannot make the sandbox's folders under {self.root} ({e.strerror or e}). Fix: make that folder "
@@ -172,6 +179,7 @@ class LocalBackend:
             "network": spec.network,
             "binds": [list(b) for b in spec.binds],
             "limits": {"memory_mb": spec.memory_mb, "pids": spec.pids, "cpus": spec.cpus},
+            "disk": {"mb": spec.storage_mb} if limited else None,
             "cgroups": [str(group) for group in self._cgroups_of(spec)],
             "user": spec.user,
             "created": time.time(),
@@ -187,6 +195,10 @@ class LocalBackend:
                     netns.make(netns.SandboxNet.from_record(meta["net"]))
             else:
                 write_atomic(folder / "meta.json", json.dumps(meta, indent=2))
+            if limited:
+                assert spec.storage_mb is not None
+                make_disk(folder / DISK_IMAGE, folder / DISK, spec.storage_mb)
+            self._make_folders(folder, data)
             self._make_cgroups(spec)
             for copy in plan.get("copies", []):
                 for source in copy["sources"]:
@@ -197,6 +209,26 @@ class LocalBackend:
             self._remove(folder)  # the caller never gets a handle to destroy it with
             raise
         return Sandbox(spec.sandbox_id, self.name, str(folder), spec)
+
+    def _disk_limits(self) -> bool:
+        """Whether this host can give a sandbox a disk limit (:mod:`.disk`); said once when it cannot."""
+        problem = disk_limit_problem()
+        if problem is not None and not self._disk_warned:
+            self._disk_warned = True
+            log.warning("local sandboxes get no disk limit (storage_mb) on this host: %s", problem)
+        return problem is None
+
+    @staticmethod
+    def _make_folders(folder: Path, data: str) -> None:
+        try:
+            for name in ("work", "logs/agent", "logs/verifier", "logs/artifacts", "tmp"):
+                (folder / f"{data}{name}").mkdir(parents=True, exist_ok=True)
+            os.chmod(folder / f"{data}tmp", 0o1777)
+        except OSError as e:
+            raise SandboxError(
+                f"cannot make the sandbox's folders in {folder} ({e.strerror or e}). Fix: make that folder "
+                "writable (it is under $RUNCTL_HOME/sandboxes), or free space on its disk."
+            ) from None
 
     def _cgroups_of(self, spec: SandboxSpec) -> list[Path]:
         """The sandbox's cgroup folders: on cgroup v2 one (when this process may write the hierarchy and it offers
@@ -240,16 +272,19 @@ class LocalBackend:
         stuck = [group for group in (meta.get("cgroups", []) if meta else []) if not remove_cgroup(Path(group))]
         if meta and meta.get("net"):
             netns.remove(netns.SandboxNet.from_record(meta["net"]))
+        if not remove_disk(folder / DISK):  # never rmtree through a mount that would not let go
+            stuck.append(f"the mount {folder / DISK}")
         if not stuck:
             shutil.rmtree(folder, ignore_errors=True)
             return
         for entry in folder.iterdir():
-            if entry.is_dir():
+            if entry.is_dir() and not os.path.ismount(entry):
                 shutil.rmtree(entry, ignore_errors=True)
             elif entry.name != "meta.json":
                 entry.unlink(missing_ok=True)
         raise SandboxError(
-            f"the kernel still holds the cgroups {', '.join(stuck)} of sandbox {folder.name}; its record stays in "
+            f"the kernel still holds the cgroups or mount {', '.join(stuck)} of sandbox {folder.name}; its record "
+            f"stays in "
             f"{folder} so that the next destroy or the reaper removes them."
         )
 
@@ -396,7 +431,7 @@ class LocalBackend:
         if not create:
             return ["absent", inside.name]
         top = "/" + inside.parts[1]
-        name = "mount-" + re.sub(r"[^A-Za-z0-9_.-]", "_", inside.parts[1])
+        name = ("disk/" if meta.get("disk") else "") + "mount-" + re.sub(r"[^A-Za-z0-9_.-]", "_", inside.parts[1])
         mounts[top] = name
         (folder / name).mkdir(exist_ok=True)
         write_atomic(folder / "meta.json", json.dumps(meta, indent=2))

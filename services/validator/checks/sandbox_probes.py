@@ -138,6 +138,7 @@ def local_backend(ctx: Context) -> Verdict:
         return skip("ENGINE=fake makes no sandbox")
     from services.sandbox.library import (
         local_backend_problem,
+        local_disk_problem,
         local_limits_problem,
         local_public_problem,
         local_task_problem,
@@ -166,6 +167,14 @@ def local_backend(ctx: Context) -> Verdict:
             f"local sandboxes get no cgroup limits here ({unlimited}): memory and processes are capped per command "
             "by resource limits only, CPU not at all",
             "run the sandbox service and runners as root on a host with cgroup v1 or v2, or set BACKEND=docker.",
+        )
+    sized = [t.id for t in tasks if t.config.environment.storage_mb]
+    if sized and (no_disk := local_disk_problem()) is not None:
+        return warn(
+            f"{len(sized)} task(s) ({', '.join(sized[:3])}) set storage_mb, which local sandboxes cannot hold here "
+            f"({no_disk}): their disk use is not limited",
+            "run the sandbox service and runners as root on a host with loop devices, or set BACKEND=docker on a "
+            "storage driver that limits containers.",
         )
     return ok(f"bubblewrap makes sandboxes here; {len(tasks)} task(s) need nothing it cannot do")
 
