@@ -99,9 +99,30 @@ def test_no_bomb_or_planter_outlives_its_trial_on_the_local_backend(local_runner
     for name in ("fork-bombing", "reward-planting"):
         local_runner.run(load_task(TASKS / name), make_agent("oracle"), tmp_path / name)
     root = str(local_runner.backend.root)  # type: ignore[attr-defined]
-    table = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
-    live = [line for line in table.splitlines() if not line.lstrip().startswith("Z")]  # zombies await init
-    assert not [line for line in live if root in line or "/solution/solve.sh" in line]
+    assert not processes_of_sandboxes_under(root)
+
+
+def processes_of_sandboxes_under(root: str) -> list[str]:
+    """Live processes of this test's sandboxes: a bwrap naming ``root``, or a process under one (each sandbox's PID
+    namespace dies with its init, a bwrap, so a survivor always has one above it). Another test's sandboxes, running
+    the same scripts beside this one, are not this test's."""
+    table = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True, check=True).stdout
+    rows = {}
+    for line in table.splitlines():
+        pid, ppid, stat, *args = line.split(None, 3)
+        rows[int(pid)] = (int(ppid), stat, " ".join(args))
+    found = []
+    for pid, (ppid, stat, args) in rows.items():
+        if stat.startswith("Z"):
+            continue  # zombies await init
+        above, seen = pid, set()
+        while above in rows and above not in seen:
+            seen.add(above)
+            if root in rows[above][2]:
+                found.append(f"{pid} {stat} {args}")
+                break
+            above = rows[above][0]
+    return found
 
 
 def test_a_cgroup_the_kernel_still_holds_keeps_its_sandbox_listed_until_a_destroy_removes_it(
