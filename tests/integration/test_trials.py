@@ -112,7 +112,7 @@ def processes_of_sandboxes_under(root: str) -> list[str]:
         pid, ppid, stat, *args = line.split(None, 3)
         rows[int(pid)] = (int(ppid), stat, " ".join(args))
     found = []
-    for pid, (ppid, stat, args) in rows.items():
+    for pid, (_, stat, args) in rows.items():
         if stat.startswith("Z"):
             continue  # zombies await init
         above, seen = pid, set()
