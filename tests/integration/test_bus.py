@@ -297,3 +297,25 @@ async def test_a_second_submission_with_the_same_run_id_fails_loudly(nats_server
         assert first.run_id == event.runid
         with pytest.raises(DuplicateRunError, match=f"a run with the id {event.runid} was already submitted"):
             await client.publish_submission(event)  # JetStream's duplicate window drops it: the SDK says so
+
+
+async def test_making_a_teams_streams_asks_again_through_a_reloads_503(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-server answers JetStream's API with 503 for a moment while it reloads (the stack reloads it when a team
+    is added, just as `runctl team add` makes the team's streams)."""
+    import nats.js.errors
+
+    real = bus.js.stream_info
+    refused = []
+
+    async def reloading(name: str, subjects_filter: str | None = None) -> object:
+        if len(refused) < 2:
+            refused.append(name)
+            raise nats.js.errors.ServiceUnavailableError()
+        return await real(name, subjects_filter=subjects_filter)
+
+    monkeypatch.setattr(bus.js, "stream_info", reloading)
+    await bus.ensure_streams(teams=["reloaded"])
+    assert len(refused) == 2
+    assert (await real(team_stream(RUNS_STREAM, "reloaded"))).config.discard == "new"
