@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from runctl.ports import free_port, free_ports  # noqa: E402
 from services.proxy.http11 import UpstreamClient  # noqa: E402
-from services.proxy.settings import ADMIN_TOKEN_ENV  # noqa: E402
+from services.proxy.settings import ADMIN_TOKEN_ENV, UPSTREAM_KEY_ENV  # noqa: E402
 from services.proxy.standalone import use_fast_loop  # noqa: E402
 
 TARGETS = {"added_p50_ms": 1.0, "added_p99_ms": 5.0, "rps_64": 1400.0, "vllm_tokens_ratio": 0.95}
@@ -101,9 +102,15 @@ async def open_session(proxy_port: int, token: str) -> str:
 
 class Target:
     def __init__(
-        self, port: int, prefix: str, model: str, max_tokens: int, extra: dict[str, object] | None = None
+        self,
+        port: int,
+        prefix: str,
+        model: str,
+        max_tokens: int,
+        extra: dict[str, object] | None = None,
+        key: str | None = None,
     ) -> None:
-        self.client = UpstreamClient("127.0.0.1", port, max_idle=512)
+        self.client = UpstreamClient("127.0.0.1", port, max_idle=512, key=key)
         self.path = prefix + "/chat/completions"
         messages = [{"role": "user", "content": "hello there"}]
         self.body = orjson.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, **(extra or {})})
@@ -216,7 +223,9 @@ async def vllm_bench(args: argparse.Namespace) -> dict[str, float]:
     """Generation-bound: every request generates ``--vllm-tokens`` tokens (``ignore_eos``), as agent turns do."""
     proxy_port = free_port()
     token = "bench-" + os.urandom(8).hex()
-    env = {**os.environ, ADMIN_TOKEN_ENV: token, "PYTHONPATH": str(ROOT)}
+    # The server's key, as a run's replica requires one (the proxy holds it, as a run's proxy does).
+    key = args.vllm_key or secrets.token_urlsafe(24)
+    env = {**os.environ, ADMIN_TOKEN_ENV: token, "PYTHONPATH": str(ROOT), UPSTREAM_KEY_ENV: key}
     from tests.infra.vllm_server import vllm_argv, vllm_env
 
     with contextlib.ExitStack() as started:
@@ -226,14 +235,14 @@ async def vllm_bench(args: argparse.Namespace) -> dict[str, float]:
             up_port = free_port()
             # A private TMPDIR, removed afterwards: vLLM leaves its ZeroMQ sockets in the temporary folder.
             private_tmp = started.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-"))
-            upstream_env = {**env, **vllm_env(), "TMPDIR": private_tmp}
+            upstream_env = {**env, **vllm_env(key), "TMPDIR": private_tmp}
             started.enter_context(process(vllm_argv(args.vllm, up_port), up_port, 300, upstream_env))
         started.enter_context(process(proxy_argv(f"http://127.0.0.1:{up_port}", proxy_port), proxy_port, 30, env))
         prefix = await open_session(proxy_port, token)
         extra = {"ignore_eos": True}
-        direct = Target(up_port, "/v1", "tiny", args.vllm_tokens, extra)
+        direct = Target(up_port, "/v1", "tiny", args.vllm_tokens, extra, key)
         captured = Target(
-            up_port, "/v1", "tiny", args.vllm_tokens, {**extra, "logprobs": True, "return_token_ids": True}
+            up_port, "/v1", "tiny", args.vllm_tokens, {**extra, "logprobs": True, "return_token_ids": True}, key
         )
         proxied = Target(proxy_port, prefix, "tiny", args.vllm_tokens, extra)
         targets = {"direct": direct, "direct_with_capture": captured, "proxy": proxied}
@@ -274,6 +283,7 @@ def main() -> int:
         help="instead of --vllm, a vLLM server already running on 127.0.0.1 that serves its model as 'tiny' "
         "(http://127.0.0.1:PORT)",
     )
+    parser.add_argument("--vllm-key", help="the key the --vllm-url server requires (VLLM_API_KEY), if it does")
     parser.add_argument("--vllm-rounds", type=int, default=5)
     parser.add_argument("--vllm-requests", type=int, default=48, help="requests per round and side")
     parser.add_argument("--vllm-tokens", type=int, default=64, help="tokens generated per request")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from runctl.config import load_config  # noqa: E402
 from runctl.home import stop_group  # noqa: E402
 from runctl.ports import free_port  # noqa: E402
 from services.launcher.rollout.groupwatch import command_env  # noqa: E402
-from services.launcher.rollout.replicas import vllm_argv, vllm_env  # noqa: E402
+from services.launcher.rollout.replicas import vllm_argv, vllm_env, with_guard  # noqa: E402
 
 TARGET_RATIO = 0.8
 LAYOUTS = {"runctl": {}, "vllm-default": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
@@ -55,7 +56,9 @@ def start_once(model: Path, layout: dict[str, str]) -> tuple[float, float, float
     config = load_config(ROOT / "configs" / "examples" / "infer-cpu.env", environ={"MODEL_PATH": str(model)}).model
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="replica-start-") as tmp:
-        env = {**command_env(tmp), **vllm_env("127.0.0.1", cpu=True), **layout}
+        key = secrets.token_urlsafe(24)  # a run's replica requires its key (health answers without it)
+        pythonpath = with_guard(os.environ.get("PYTHONPATH"))
+        env = {**command_env(tmp), **vllm_env("127.0.0.1", cpu=True, key=key), "PYTHONPATH": pythonpath, **layout}
         log = open(Path(tmp) / "server.log", "wb")  # noqa: SIM115
         began = time.monotonic()
         proc = subprocess.Popen(

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from runctl.config.models import TrainConfig
@@ -26,6 +27,10 @@ ASYNC_CONFIG_FOLDER = "experimental/fully_async_policy/config"
 AGENT_LOOP_NAME = "runctl"
 AGENT_LOOP_CLASS = "services.launcher.engines.verl.agent_loop.RunctlAgentLoop"
 CALLBACK_CLASS = "services.launcher.engines.verl.callback.CheckpointAnnouncer"
+#: The key guard verl's vLLM servers load (``--middleware``): each requires the run's replica key, which the runner
+#: puts in ``REPLICA_KEY_ENV`` of verl's environment and Ray's runtime environment hands every actor.
+REPLICA_GUARD = "services.launcher.rollout.guard.runctl_replica_guard.RequireKey"
+REPLICA_KEY_ENV = "VLLM_API_KEY"
 # Where, under the run folder, the runner leaves what verl reads and verl writes what the runner reads.
 AGENT_LOOPS_FILE = "verl/agent_loops.yaml"
 TRAIN_FILE = "verl/train.parquet"
@@ -37,6 +42,14 @@ LOAD_CONTENTS = ["model", "optimizer", "extra"]
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@+-]*")
 
 
+@dataclass(frozen=True)
+class EnvRef:
+    """A value verl reads from the launched process's environment when it resolves its config (runctl's own
+    reference, to a name runctl chose: never a run config's text), so a secret is never on the command line."""
+
+    name: str
+
+
 def hydra_value(value: Any) -> str:
     """A value in Hydra's override grammar: booleans and null as Hydra spells them, lists in brackets, and
     anything with a character the grammar reserves in single quotes — as literal text: an interpolation in it
@@ -44,6 +57,8 @@ def hydra_value(value: Any) -> str:
     a value taken from a run config."""
     if value is None:
         return "null"
+    if isinstance(value, EnvRef):
+        return f"'${{oc.env:{value.name}}}'"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -151,12 +166,14 @@ def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
         f"{rollout}.engine_kwargs.vllm.served_model_name": config.served_model_name,
         f"{rollout}.engine_kwargs.vllm.enable_auto_tool_choice": True,
         f"{rollout}.engine_kwargs.vllm.tool_call_parser": config.tool_call_parser,
+        f"{rollout}.engine_kwargs.vllm.middleware": REPLICA_GUARD,
         "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": f"{run_dir}/{STEP_LOG}",
+        f"ray_kwargs.ray_init.runtime_env.env_vars.{REPLICA_KEY_ENV}": EnvRef(REPLICA_KEY_ENV),
     }
     if "wandb" in loggers:
         # The key reaches verl's TaskRunner through Ray's runtime environment, read from the launched process's own
         # environment when verl resolves its config: it never appears on the command line.
-        added["ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY"] = "${oc.env:WANDB_API_KEY}"
+        added["ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY"] = EnvRef("WANDB_API_KEY")
         added["ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE"] = config.wandb_mode
     return [f"{key}={hydra_value(value)}" for key, value in values.items()] + [
         f"+{key}={hydra_value(value)}" for key, value in added.items()

@@ -47,7 +47,8 @@ def proxy_serve(
         str | None, typer.Option("--advertise-host", help="Host to put in session URLs (default: --host).")
     ] = None,
 ) -> None:
-    """Serve the proxy until Ctrl-C. Sessions are made with the admin API (see docs/services.md)."""
+    """Serve the proxy until Ctrl-C. Sessions are made with the admin API (see docs/services.md). Replicas that
+    require a key (VLLM_API_KEY): give it in RUNCTL_PROXY_UPSTREAM_KEY."""
     import asyncio
 
     from services.proxy.library import DEFAULT_ALIASES, parse_upstream, serve, use_fast_loop

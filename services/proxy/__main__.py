@@ -26,6 +26,7 @@ async def main(runtime: ServiceRuntime, settings: ProxySettings) -> None:
         admin_token=settings.admin_token,
         discover_ray=settings.discover_ray,
         ray_address=settings.ray_address,
+        upstream_key=settings.upstream_key,
     )
     await proxy.start()
     runtime.on_stop(proxy.close)

@@ -444,13 +444,19 @@ class _ClientConnection(asyncio.Protocol):
 class UpstreamClient:
     """Keep-alive connections to one upstream ``host:port``."""
 
-    def __init__(self, host: str, port: int, connect_timeout_s: float = 5.0, max_idle: int = 256) -> None:
+    def __init__(
+        self, host: str, port: int, connect_timeout_s: float = 5.0, max_idle: int = 256, key: str | None = None
+    ) -> None:
         self.host = host
         self.port = port
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle
         self._idle: list[_ClientConnection] = []
-        self._host_header = f"{host}:{port}".encode()
+        # The host line, then the bearer key the upstream requires (a run's replica key): every request sends both.
+        if key is not None and (not key.isprintable() or " " in key):
+            raise ValueError("an upstream key is one printable word (no spaces or line breaks)")
+        auth = b"\r\nauthorization: Bearer %s" % key.encode() if key else b""
+        self._host_and_key = f"{host}:{port}".encode() + auth
 
     async def _connect(self) -> _ClientConnection:
         loop = asyncio.get_running_loop()
@@ -492,7 +498,7 @@ class UpstreamClient:
         head = b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
             method.encode(),
             path.encode(),
-            self._host_header,
+            self._host_and_key,
             content_type,
             len(body),
         )

@@ -63,12 +63,13 @@ class Replica:
     served_model: str | None = None
     requests: int = 0
     answered_at: float = float("-inf")  # time.monotonic() of its last answer to a request
+    key: str | None = field(default=None, repr=False)  # the bearer key it requires (a run's replica key)
 
     def answered(self) -> None:
         self.answered_at = time.monotonic()
 
     def __post_init__(self) -> None:
-        self.client = UpstreamClient(self.host, self.port)
+        self.client = UpstreamClient(self.host, self.port, key=self.key)
 
     @property
     def url(self) -> str:
@@ -96,8 +97,10 @@ class ReplicaPool:
         probe_timeout_s: float = 30.0,
         fail_after: int = 2,
         probe_completion: bool = True,
+        key: str | None = None,
     ) -> None:
         self.replicas: dict[str, Replica] = {}
+        self.key = key  # sent to every replica as a bearer token
         self.interval_s = interval_s
         self.probe_timeout_s = probe_timeout_s
         self.fail_after = fail_after
@@ -114,7 +117,7 @@ class ReplicaPool:
         existing = self.replicas.get(name)
         if existing is not None and (existing.host, existing.port) == (host, port):
             return existing
-        replica = Replica(name, host, port)
+        replica = Replica(name, host, port, key=self.key)
         self.replicas[name] = replica
         self._wake.set()
         return replica

@@ -51,7 +51,8 @@ class ProxyServer:
     """See the module docstring. ``port=0`` takes an ephemeral port; ``advertise_host`` is the host put in session
     URLs (default: the bind host), for agents that reach the proxy by another name. ``unix_socket``: also listen
     there (a sandbox without a network reaches the proxy through it, bound in). ``resend_aborted``: see
-    :class:`~services.proxy.upstream.Upstream`."""
+    :class:`~services.proxy.upstream.Upstream`. ``upstream_key``: the bearer key the replicas require (a run's
+    replica key), sent with every request to them and never shown."""
 
     def __init__(
         self,
@@ -72,8 +73,9 @@ class ProxyServer:
         close_wait_s: float = 60.0,
         unix_socket: str | Path | None = None,
         resend_aborted: bool = False,
+        upstream_key: str | None = None,
     ) -> None:
-        self.pool = ReplicaPool(interval_s=health_interval_s, probe_timeout_s=probe_timeout_s)
+        self.pool = ReplicaPool(interval_s=health_interval_s, probe_timeout_s=probe_timeout_s, key=upstream_key)
         for url in upstreams:
             self.pool.add(url)
         self.discovery = RayDiscovery(self.pool, ray_address, health_interval_s) if discover_ray else None

@@ -27,6 +27,9 @@ class ProxySettings(ServiceSettings):
     """The port it listens on (0: a free one; the service writes its URL to ``$RUNCTL_HOME/proxy.json``)."""
     trajectory_dir: Path | None = None
     """Where each closed session's trajectory is written (unset: ``$RUNCTL_HOME/trajectories``)."""
+    upstream_key: str | None = None
+    """The bearer key the replicas require (vLLM's ``VLLM_API_KEY``, or a run's replica key), sent with every request
+    to them; unset: none is sent."""
     admin_token: str | None = None
     """The token of the admin API (sessions, replicas); unset: one is generated and written beside the URL (mode
     0600), or printed by ``runctl proxy serve``."""
@@ -38,3 +41,4 @@ class ProxySettings(ServiceSettings):
 
 
 ADMIN_TOKEN_ENV = ProxySettings.env_name("admin_token")
+UPSTREAM_KEY_ENV = ProxySettings.env_name("upstream_key")

@@ -36,7 +36,8 @@ async def serve(
     ready: asyncio.Event | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; then stop taking requests, finish those in flight and close open sessions."""
-    token = ProxySettings.from_env().admin_token
+    settings = ProxySettings.from_env()
+    token = settings.admin_token
     proxy = ProxyServer(
         upstreams,
         host=host,
@@ -49,6 +50,7 @@ async def serve(
         discover_ray=discover_ray,
         ray_address=ray_address,
         health_interval_s=health_interval_s,
+        upstream_key=settings.upstream_key,
     )
     await proxy.start()
     stop = asyncio.Event()

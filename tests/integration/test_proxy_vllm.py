@@ -50,7 +50,8 @@ def replica(served_model: VLLMServer) -> VLLMServer:
 
 @pytest.fixture
 async def proxy(replica: VLLMServer, tmp_path: Path) -> AsyncIterator[ProxyServer]:
-    async with ProxyServer([replica.url], trajectory_dir=tmp_path, health_interval_s=1.0) as server:
+    server = ProxyServer([replica.url], trajectory_dir=tmp_path, health_interval_s=1.0, upstream_key=replica.key)
+    async with server:
         assert await server.wait_ready(30)
         yield server
 
@@ -60,7 +61,7 @@ async def quiet_proxy(replica: VLLMServer, tmp_path: Path) -> AsyncIterator[Prox
     """A proxy whose health probes never send vLLM a completion, for tests that need exact outputs: a probe's
     completion co-batched with a test's request changes that request's logits (vLLM's CPU kernels are not
     batch-invariant), so equal tokens across requests would hold only by chance."""
-    server = ProxyServer([replica.url], trajectory_dir=tmp_path, health_interval_s=3600)
+    server = ProxyServer([replica.url], trajectory_dir=tmp_path, health_interval_s=3600, upstream_key=replica.key)
     server.pool.probe_completion = False  # set before start: the very first probe would otherwise send one
     async with server:
         assert await server.wait_ready(30)
@@ -136,7 +137,7 @@ async def test_captured_token_ids_and_logprobs_equal_what_vllm_returned(
         "seed": 7,
         "temperature": 1.0,
     }
-    async with httpx.AsyncClient(timeout=60) as http:
+    async with httpx.AsyncClient(timeout=60, headers=replica.headers) as http:
         direct = (
             await http.post(
                 replica.url + "/v1/chat/completions", json={**body, "logprobs": True, "return_token_ids": True}
@@ -156,10 +157,13 @@ async def test_captured_token_ids_and_logprobs_equal_what_vllm_returned(
 # The module's fixtures, a second vLLM's start and stop, and the 96 requests.
 @pytest.mark.timeout(SETUP_S + vllm_server.START_TIMEOUT_S + 60 + 300)
 async def test_no_request_is_lost_when_a_replica_dies_mid_run(model: Path, replica: VLLMServer) -> None:
-    with vllm_server.vllm_server(model) as second:
+    with vllm_server.vllm_server(model, key=replica.key) as second:  # a run's replicas share its key
         # The survivor is probed while it serves all 8 sessions: a probe timeout short of a loaded host's latency
         # would take it out (fail_after probes in a row) and the run would end with no replica up.
-        async with ProxyServer([replica.url, second.url], health_interval_s=0.5, probe_timeout_s=30) as proxy:
+        proxies = ProxyServer(
+            [replica.url, second.url], health_interval_s=0.5, probe_timeout_s=30, upstream_key=replica.key
+        )
+        async with proxies as proxy:
             assert await proxy.wait_ready(30)
             # Both up before the sessions open, so they spread over both and some are on the one that dies.
             await async_wait_until(
@@ -266,7 +270,9 @@ LONG_ANSWER = {
 
 def resending_proxy(replica: VLLMServer, tmp_path: Path) -> ProxyServer:
     """A proxy as verl's runs have it (answers cut short are sent again), with no probe completions."""
-    server = ProxyServer([replica.url], trajectory_dir=tmp_path, health_interval_s=3600, resend_aborted=True)
+    server = ProxyServer(
+        [replica.url], trajectory_dir=tmp_path, health_interval_s=3600, resend_aborted=True, upstream_key=replica.key
+    )
     server.pool.probe_completion = False
     return server
 
@@ -279,7 +285,7 @@ async def test_an_answer_cut_short_by_a_pause_for_weights_is_sent_again_and_reco
     # through its /pause route) and resumes them on the new weights. The agent must get one whole answer.
     server = resending_proxy(replica, tmp_path)
     body = dict(LONG_ANSWER)
-    async with server, httpx.AsyncClient(timeout=300) as http:
+    async with server, httpx.AsyncClient(timeout=300, headers=replica.headers) as http:
         assert await server.wait_ready(30)
         # The pause can only cut an answer vLLM is generating; one that finished before it is tried again.
         for _ in range(5):
@@ -324,7 +330,7 @@ async def test_a_stream_cut_short_by_a_pause_for_weights_ends_with_an_error_and_
                 streaming.set()
         return "".join(parts)
 
-    async with server, httpx.AsyncClient(timeout=300) as http:
+    async with server, httpx.AsyncClient(timeout=300, headers=replica.headers) as http:
         assert await server.wait_ready(30)
         for _ in range(5):
             session = server.open_session()

@@ -389,7 +389,7 @@ async def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_o
 
     try:
         async with AsyncExitStack() as stack:
-            proxy, settings = await open_proxy(stack, [served_model.url], loop_settings(run_config))
+            proxy, settings = await open_proxy(stack, [served_model.url], loop_settings(run_config), served_model.key)
             assert settings.socket_dir is not None and (settings.socket_dir / "proxy.sock").exists()
             opened = open_backend(CONFIG_BACKENDS[run_config.backend], BackendSettings.of(run_config))
             with opened as (backend, image_for):

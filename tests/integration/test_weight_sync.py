@@ -22,11 +22,12 @@ pytestmark = [
 PROMPT = "<|im_start|>user\nWrite done into answer.txt.<|im_end|>\n<|im_start|>assistant\n"
 
 
-def served(url: str, prompt_ids: list[int], tokens: int = 6) -> tuple[list[int], list[float]]:
+def served(server: vllm_infra.VLLMServer, prompt_ids: list[int], tokens: int = 6) -> tuple[list[int], list[float]]:
     """A greedy completion from the server: its token ids and their logprobs."""
     body = {"model": vllm_infra.SERVED_NAME, "prompt": prompt_ids, "max_tokens": tokens, "temperature": 0,
             "logprobs": 0, "return_token_ids": True, "seed": 0, "ignore_eos": True}  # fmt: skip
-    choice = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers, timeout=60)
+    choice = reply.json()["choices"][0]
     return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
 
@@ -72,16 +73,16 @@ def test_a_reload_serves_the_new_weights_exactly_as_the_trainer_computes_them(
 
     def reload(folder: Path) -> None:
         async def call() -> None:
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(headers=served_model.headers) as client:
                 await reload_in_place(client, url, folder)
 
         asyncio.run(call())
 
-    before_ids, before_logprobs = served(url, prompt_ids)
+    before_ids, before_logprobs = served(served_model, prompt_ids)
     assert before_ids == trainer_side(base, prompt_ids)[0]
     try:
         reload(new)
-        after_ids, after_logprobs = served(url, prompt_ids)
+        after_ids, after_logprobs = served(served_model, prompt_ids)
     finally:
         reload(base)
     expected_ids, expected_logprobs = trainer_side(new, prompt_ids)
@@ -89,7 +90,7 @@ def test_a_reload_serves_the_new_weights_exactly_as_the_trainer_computes_them(
     assert after_logprobs == pytest.approx(expected_logprobs, abs=1e-4)
     assert (after_ids, after_logprobs) != (before_ids, before_logprobs)
     # Back on the base weights, exactly as before: the replica serves the next test what a fresh one would.
-    restored_ids, restored_logprobs = served(url, prompt_ids)
+    restored_ids, restored_logprobs = served(served_model, prompt_ids)
     assert restored_ids == before_ids and restored_logprobs == pytest.approx(before_logprobs, abs=1e-6)
 
 
@@ -103,7 +104,7 @@ def test_a_replica_that_cannot_reload_is_restarted_on_the_new_weights_and_counte
 
     async def sync() -> Any:
         # No server at all on this port: the reload's connection is refused.
-        syncer = VllmReload(["http://127.0.0.1:1"], restart)
+        syncer = VllmReload(["http://127.0.0.1:1"], restart, "key")
         try:
             return await syncer.sync(tmp_path, 3), syncer
         finally:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from runctl.config import load_config
-from services.launcher.rollout.replicas import vllm_argv, vllm_env
+from services.launcher.rollout.replicas import GUARD_DIR, GUARD_MIDDLEWARE, vllm_argv, vllm_env, with_guard
 from tests.conftest import ROOT
 
 
@@ -22,13 +22,24 @@ def test_a_cpu_replica_runs_eager_in_float32_with_its_model_in_the_engine_proces
     argv = vllm_argv(infer_config(tmp_path), "python", "127.0.0.1", 8000)  # type: ignore[arg-type]
     assert "--enforce-eager" in argv and argv[argv.index("--dtype") + 1] == "float32"
     assert "--tensor-parallel-size" not in argv
-    env = vllm_env("127.0.0.1", cpu=True)
+    env = vllm_env("127.0.0.1", cpu=True, key="k")
     # One process fewer per replica: the model runs in the engine core (bench/replica_start.py measures the gain).
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"]
-    assert "VLLM_SERVER_DEV_MODE" not in env and vllm_env("127.0.0.1", cpu=True, dev_mode=True)["VLLM_SERVER_DEV_MODE"]
+    assert "VLLM_SERVER_DEV_MODE" not in env
+    assert vllm_env("127.0.0.1", cpu=True, key="k", dev_mode=True)["VLLM_SERVER_DEV_MODE"]
 
 
 def test_a_gpu_replica_keeps_vllms_own_process_layout() -> None:
-    env = vllm_env("10.0.0.1", cpu=False)
+    env = vllm_env("10.0.0.1", cpu=False, key="k")
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert env["VLLM_HOST_IP"] == "10.0.0.1"
+
+
+def test_every_replica_requires_its_runs_key_on_every_path_but_health(tmp_path: Path) -> None:
+    argv = vllm_argv(infer_config(tmp_path), "python", "127.0.0.1", 8000)  # type: ignore[arg-type]
+    assert argv[argv.index("--middleware") + 1] == GUARD_MIDDLEWARE == "runctl_replica_guard.RequireKey"
+    env = vllm_env("127.0.0.1", cpu=True, key="the-runs-key")
+    assert env["VLLM_API_KEY"] == "the-runs-key" and "the-runs-key" not in " ".join(argv)  # not on the command line
+    # Any Python with vLLM finds the guard, whether or not runctl is installed beside it.
+    assert (GUARD_DIR / "runctl_replica_guard.py").is_file()
+    assert with_guard(None) == str(GUARD_DIR) and with_guard("/x") == f"{GUARD_DIR}:/x"

@@ -164,11 +164,13 @@ async def test_a_workers_sandboxes_are_booked_in_the_ledger_with_the_bus_the_run
     runner_env = {"RUNCTL_NATS_URL": nats_server.url, "RUNCTL_HOME": str(tmp_path / "home"), "PATH": "/bin"}
     monkeypatch.setenv("RUNCTL_NATS_URL", nats_server.url)
     monkeypatch.setenv("RUNCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VLLM_API_KEY", "the-runs-replica-key")  # the key the runner makes for verl's servers
     with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
         overrides = verl_overrides(config, str(run_dir)) + worker_env_overrides(runner_env)
         verl_config = compose("ppo_trainer", overrides=overrides)
     workers_env = OmegaConf.to_container(verl_config.ray_kwargs.ray_init.runtime_env.env_vars, resolve=True)
     assert workers_env["RUNCTL_NATS_URL"] == nats_server.url and "PATH" not in workers_env  # type: ignore[index]
+    assert workers_env["VLLM_API_KEY"] == "the-runs-replica-key"  # type: ignore[index]
     assert not any(nats_server.url in o for o in overrides)  # named, not written, on the command line
 
     bus = await Bus.connect(nats_server.url)
@@ -176,6 +178,7 @@ async def test_a_workers_sandboxes_are_booked_in_the_ledger_with_the_bus_the_run
         await bus.ensure_streams()
         ledger = await SandboxLedger.open(bus)
         host = await TrialHost.get(run_dir, [upstream.url])
+        assert host.proxy is not None and host.proxy.pool.key == "the-runs-replica-key"  # it calls verl's servers
         (owner,) = [o for o in await ledger.live_owners(60) if o.startswith("runner-")]  # the worker heart-beats
         outcome = await host.run_trial(str(task.path))
         assert outcome.record["reward"] == 1.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -80,13 +81,15 @@ class LocalEngine:
             await ctx.enter_phase("replicas")
             urls: list[str] = []
             started: list[vllm_replicas.Replica] = []
+            # The key this attempt's replicas require on every request: held by its proxy and weight sync only.
+            key = secrets.token_urlsafe(32)
             namespace = f"runctl-{ctx.run_id}"
             if settings.agent in MODEL_FREE_AGENTS:
                 health = f"none started: AGENT_NAME={settings.agent} calls no model"
                 ready = ReplicasReady(addresses=[], dp=config.gen_dp, tp=config.gen_tp, model="", health=health)
             else:
                 model_still_there(config)
-                started = await asyncio.to_thread(vllm_replicas.start, config, namespace, ctx.run_dir / "logs")
+                started = await asyncio.to_thread(vllm_replicas.start, config, namespace, ctx.run_dir / "logs", key)
                 stack.push_async_callback(asyncio.to_thread, vllm_replicas.stop, started)
                 timeout = float(config.vllm_ready_timeout)
                 await asyncio.to_thread(vllm_replicas.wait_ready, started, timeout, ctx.cancelled.is_set)
@@ -100,7 +103,7 @@ class LocalEngine:
             await ctx.enter_phase("proxy")
             proxy: ProxyServer | None = None
             if urls:
-                proxy, settings = await open_proxy(stack, urls, settings)
+                proxy, settings = await open_proxy(stack, urls, settings, key)
 
             labels = {"runctl.team": ctx.team, "runctl.run": ctx.run_id}
 
@@ -116,7 +119,7 @@ class LocalEngine:
                         step_tasks, trials_dir, settings, backend, image_for, proxy, labels, publish, first_trial=first
                     )
 
-                sync = self.weight_sync(config, started, proxy, namespace, ctx.run_dir / "logs")
+                sync = self.weight_sync(config, started, proxy, namespace, ctx.run_dir / "logs", key)
                 train = TrainLoop(ctx, config, tasks, step_trials, sync, ctx.pinned_checkpoints, pad_id(config))
                 await ctx.enter_phase("loop", total=train.plan.total_steps)
                 ctx.progress_hook(ctx.num_trials, train.plan.total_steps * config.train_bsz * config.n_resp)
@@ -149,6 +152,7 @@ class LocalEngine:
         proxy: ProxyServer | None,
         namespace: str,
         log_dir: Path,
+        key: str,
     ) -> WeightSync:
         """Reload in place, restarting a replica on the new weights only when its reload fails."""
         if not started:
@@ -158,14 +162,14 @@ class LocalEngine:
             old = started[index]
             await asyncio.to_thread(vllm_replicas.stop, [old])
             on_new = config.model_copy(update={"model_path": str(folder)})
-            (new,) = await asyncio.to_thread(vllm_replicas.start, on_new, namespace, log_dir, [index])
+            (new,) = await asyncio.to_thread(vllm_replicas.start, on_new, namespace, log_dir, key, [index])
             started[index] = new
             await asyncio.to_thread(vllm_replicas.wait_ready, [new], float(config.vllm_ready_timeout))
             if proxy is not None:
                 proxy.replace_upstream(old.url, new.url)
             return new.url
 
-        return VllmReload([r.url for r in started], restart)
+        return VllmReload([r.url for r in started], restart, key)
 
 
 def model_still_there(config: RunConfig) -> None:
@@ -184,10 +188,11 @@ def model_still_there(config: RunConfig) -> None:
 
 
 async def open_proxy(
-    stack: AsyncExitStack, urls: list[str], settings: LoopSettings
+    stack: AsyncExitStack, urls: list[str], settings: LoopSettings, key: str
 ) -> tuple[ProxyServer, LoopSettings]:
-    """The run's proxy in front of the replicas at ``urls``, closed with ``stack``; for an installed agent also the
-    Unix socket its sandbox reaches the proxy through (in ``settings.socket_dir``, which the returned settings name).
+    """The run's proxy in front of the replicas at ``urls`` (which require ``key``), closed with ``stack``; for an
+    installed agent also the Unix socket its sandbox reaches the proxy through (in ``settings.socket_dir``, which the
+    returned settings name).
 
     Raises:
         EngineError: the proxy could not reach every replica within 60 s.
@@ -199,7 +204,7 @@ async def open_proxy(
         stack.callback(shutil.rmtree, folder, True)
         socket_path = folder / SOCKET_NAME
         settings = replace(settings, socket_dir=folder)
-    proxy = ProxyServer(urls, served_model=settings.served_model, unix_socket=socket_path)
+    proxy = ProxyServer(urls, served_model=settings.served_model, unix_socket=socket_path, upstream_key=key)
     await stack.enter_async_context(proxy)
     if socket_path is not None:
         socket_path.parent.chmod(0o755)

@@ -5,6 +5,9 @@ machine, ``vllm`` with GEN_TP GPUs otherwise), writes its log to a file beside i
 ``get_server_address()`` — the method the proxy's Ray discovery (and verl's own servers) use. The runner polls
 each server's ``/health`` until it answers or ``VLLM_READY_TIMEOUT`` passes; a server that exits or never becomes
 ready fails the run in the replicas phase with the tail of its log.
+
+Every server requires the run's replica key on every request but ``GET /health`` (``guard/runctl_replica_guard.py``):
+the run's proxy, weight sync and readiness wait hold it, no sandbox or other process of the machine does.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +30,26 @@ import httpx
 from runctl.config import EvalConfig, RunConfig, TrainConfig
 from runctl.ports import free_port
 from services.launcher.errors import EngineError
+from services.launcher.rollout.guard import runctl_replica_guard as guard
 from services.launcher.settings import LauncherSettings
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 30
 STOP_GRACE_S = 25.0
 POLL_S = 0.5
+#: The folder a replica's Python finds the key guard in (``--middleware runctl_replica_guard.RequireKey``).
+GUARD_DIR = Path(guard.__file__).parent
+GUARD_MIDDLEWARE = f"{guard.__name__.rsplit('.', 1)[1]}.{guard.RequireKey.__name__}"
+
+
+def key_headers(key: str) -> dict[str, str]:
+    """The header a request to a replica started with ``key`` carries."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+def with_guard(pythonpath: str | None) -> str:
+    """``PYTHONPATH`` with the guard's folder first."""
+    return os.pathsep.join([str(GUARD_DIR), *([pythonpath] if pythonpath else [])])
 
 
 def replica_name(index: int) -> str:
@@ -45,6 +62,7 @@ def vllm_argv(config: RunConfig, python: str, host: str, port: int) -> list[str]
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(Path(config.model_path).resolve())]
     argv += ["--served-model-name", config.served_model_name, "--host", host, "--port", str(port)]
     argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser, "--seed", "0"]
+    argv += ["--middleware", GUARD_MIDDLEWARE]  # the key it requires is in its environment (vllm_env)
     length = config.max_model_len
     if length is None and isinstance(config, TrainConfig):
         length = config.max_prompt + config.max_resp  # what the template promises for a train run
@@ -63,10 +81,13 @@ def vllm_argv(config: RunConfig, python: str, host: str, port: int) -> list[str]
     return argv
 
 
-def vllm_env(host: str, cpu: bool, dev_mode: bool = False) -> dict[str, str]:
-    """The server's environment. ``dev_mode`` (train runs) opens vLLM's ``/collective_rpc`` and
-    ``/reset_prefix_cache``, which the weight sync calls; the proxy never forwards them."""
+def vllm_env(host: str, cpu: bool, key: str, dev_mode: bool = False) -> dict[str, str]:
+    """The server's environment: ``key`` is the replica key every request must carry (``guard.KEY_ENV``, which
+    vLLM's own ``/v1`` guard reads too). ``dev_mode`` (train runs) opens vLLM's ``/collective_rpc`` and
+    ``/reset_prefix_cache``, which the weight sync calls; the proxy never forwards them. ``PYTHONPATH`` gets the
+    guard's folder where the server starts (``with_guard``)."""
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_HOST_IP": host, "PYTHONUNBUFFERED": "1"}
+    env[guard.KEY_ENV] = key
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(LauncherSettings.from_env().vllm_cpu_kvcache_space)
         # The model runs in the engine core's process, not in a worker process of its own: one Python process fewer
@@ -129,6 +150,7 @@ class ReplicaServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Under the group watcher: the server's processes (API server, engine core, workers) live and die together.
         argv = [sys.executable, "-m", "services.launcher.rollout.groupwatch", "--", *argv_for(self.host, self.port)]
+        pythonpath = with_guard(os.environ.get("PYTHONPATH"))  # this node's copy of the key guard
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
@@ -137,7 +159,7 @@ class ReplicaServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **env, "VLLM_HOST_IP": self.host},
+                env={**os.environ, **env, "VLLM_HOST_IP": self.host, "PYTHONPATH": pythonpath},
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
@@ -177,11 +199,15 @@ class Replica:
     actor: Any
     url: str
     log_path: Path
+    key: str = field(repr=False)
 
 
-def start(config: RunConfig, namespace: str, log_dir: Path, indices: list[int] | None = None) -> list[Replica]:
-    """Start GEN_DP replica actors in ``namespace`` (blocking), or only those of ``indices`` (a restart). Returns
-    them once each has its address; readiness is ``wait_ready``'s job."""
+def start(
+    config: RunConfig, namespace: str, log_dir: Path, key: str, indices: list[int] | None = None
+) -> list[Replica]:
+    """Start GEN_DP replica actors in ``namespace`` (blocking), or only those of ``indices`` (a restart), each
+    requiring ``key`` (the run's replica key). Returns them once each has its address; readiness is
+    ``wait_ready``'s job."""
     import ray
 
     cpu = config.ngpus_per_node == 0
@@ -197,9 +223,9 @@ def start(config: RunConfig, namespace: str, log_dir: Path, indices: list[int] |
         name = replica_name(index)
         log_path = log_dir / f"{name}.log"
         actor = remote.options(name=name, namespace=namespace, lifetime=None).remote(
-            argv_for, vllm_env("127.0.0.1", cpu, dev_mode), str(log_path)
+            argv_for, vllm_env("127.0.0.1", cpu, key, dev_mode), str(log_path)
         )
-        replicas.append(Replica(name, actor, "", log_path))
+        replicas.append(Replica(name, actor, "", log_path, key))
     for replica in replicas:
         try:
             replica.url = "http://" + ray.get(replica.actor.get_server_address.remote(), timeout=300)
@@ -237,7 +263,9 @@ def wait_ready(replicas: list[Replica], timeout_s: float, should_stop: Any = Non
                         phase="replicas",
                     )
                 try:
-                    if http.get(f"{replica.url}/health").status_code == 200:
+                    # /health answers without the key; /v1/models asks for it: a server that refuses the run's key
+                    # (not started with it) fails here, not at the first trial.
+                    if http.get(f"{replica.url}/health").status_code == 200 and _takes_key(http, replica):
                         pending.remove(replica)
                 except httpx.HTTPError:
                     pass
@@ -254,6 +282,22 @@ def wait_ready(replicas: list[Replica], timeout_s: float, should_stop: Any = Non
                     phase="replicas",
                 )
             time.sleep(POLL_S)
+
+
+def _takes_key(http: httpx.Client, replica: Replica) -> bool:
+    """Whether the server answers a request carrying the run's key.
+
+    Raises:
+        EngineError: it refuses the key (401): it was not started with it.
+    """
+    reply = http.get(f"{replica.url}/v1/models", headers=key_headers(replica.key))
+    if reply.status_code == 401:
+        raise EngineError(
+            f"vLLM replica {replica.name} at {replica.url} refuses the run's replica key (401): another server holds "
+            "its port, or it was started without the key. Fix: resume the run, which starts its replicas afresh.",
+            phase="replicas",
+        )
+    return reply.status_code == 200
 
 
 def _log_tail(replica: Replica) -> str:

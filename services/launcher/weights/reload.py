@@ -1,8 +1,8 @@
 """Weight sync by reloading vLLM in place: ``POST /collective_rpc`` with ``reload_weights`` from a fresh folder,
 then ``POST /reset_prefix_cache`` (cached prefixes were computed with the old weights).
 
-Those endpoints exist only on servers started with ``VLLM_SERVER_DEV_MODE=1`` (train runs only); the replicas bind
-the node's loopback address in the embedded default, and the proxy forwards nothing but the model surfaces
+Those endpoints exist only on servers started with ``VLLM_SERVER_DEV_MODE=1`` (train runs only), which require the
+run's replica key like every other path but ``/health``; the proxy forwards nothing but the model surfaces
 (``/v1/chat/completions``, ``/v1/completions``, ``/v1/messages``, ``/v1/models``), so agents never reach them.
 
 A replica whose reload fails is restarted on the new folder (``restart``), and the restart is counted: a reload
@@ -44,11 +44,13 @@ async def reload_in_place(client: httpx.AsyncClient, url: str, folder: Path) -> 
 
 
 class VllmReload:
-    def __init__(self, urls: list[str], restart: Restart) -> None:
+    """``key``: the replica key the servers require (``services/launcher/rollout/guard``)."""
+
+    def __init__(self, urls: list[str], restart: Restart, key: str) -> None:
         self.urls = list(urls)
         self.restart = restart
         self.restarts = 0
-        self.client = httpx.AsyncClient()
+        self.client = httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"})
 
     async def sync(self, folder: Path, step: int) -> SyncReport:
         started = time.monotonic()

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -123,6 +124,9 @@ class VerlEngine:
         if self.argv is not None:
             argv = [*self.argv, *argv[3:]]  # a stand-in trainer, with the same overrides
         env = {**os.environ, "RAY_ADDRESS": ray_address, "WANDB_MODE": config.wandb_mode}
+        # The key verl's vLLM servers require (runctl.verl.REPLICA_GUARD), new for each attempt; runctl's proxy in
+        # verl's workers holds it too (host.TrialHost), read from Ray's runtime environment.
+        env[verl_contract.REPLICA_KEY_ENV] = secrets.token_urlsafe(32)
         env.pop("RUNCTL_NATS_URL", None)
         if bus_url:
             env["RUNCTL_NATS_URL"] = bus_url  # the workers book their trials' sandboxes (host.TrialHost._book)

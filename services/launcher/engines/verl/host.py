@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from runctl.config.models import is_secret
 from runctl.events.payloads import Payload
 from runctl.layout import trial_folder
 from runctl.tasks import Task, load_task
+from runctl.verl import REPLICA_KEY_ENV
 from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import LoopSettings, TrialLoop
 from services.launcher.settings import LauncherSettings
@@ -121,6 +123,7 @@ class TrialHost:
             discover_ray=not self.upstreams,
             ray_address=None,
             resend_aborted=True,
+            upstream_key=os.environ.get(REPLICA_KEY_ENV),  # verl's servers require it (runctl.verl.REPLICA_GUARD)
         )
         await self.proxy.start()
         # verl's servers are up before its first rollout; a replica the proxy has not yet probed would answer 503.
