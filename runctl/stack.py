@@ -38,7 +38,7 @@ from runctl.home import (
     read_stack_state,
     stop_group,
 )
-from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser
+from runctl.natsauth import ADMIN_USER, SERVICES_USER
 from runctl.ports import port_is_free
 
 SERVICES: tuple[str, ...] = ("validator", "launcher", "tracker", "proxy", "sandbox")
@@ -359,7 +359,8 @@ class TeamSync(threading.Thread):
         seq, runs_seq = await registry.sequence(), await runlogins.sequence(registry.bus)
         if (seq, runs_seq) == self.applied:
             return
-        teams = sorted((NatsUser(t.name, t.nats_bcrypt) for t in await registry.all()), key=lambda t: t.name)
+        registered = await registry.all()
+        teams = sorted((t.nats_user() for t in registered), key=lambda t: t.name)
         runs = await runlogins.current(registry.bus)
         new_teams = teams != stackbus.config_teams(self.base)
         if self.unloaded or new_teams or runs != stackbus.config_run_logins(self.base):
@@ -370,8 +371,8 @@ class TeamSync(threading.Thread):
             print(f"bus accounts: services, {len(teams)} team(s), {len(runs)} run login(s); reloaded", flush=True)
         if seq != self.applied[0]:
             # Each team's streams and view exist before the change counts as applied (runctl.natsauth).
-            await registry.bus.ensure_streams(teams=[team.name for team in teams])
-            for team in teams:
+            for team in registered:
+                await registry.bus.ensure_streams(team.stream_limits(), [team.name])
                 await registry.bus.ensure_view(team.name)
             stackbus.mark_applied(self.base, seq)
         self.applied = (seq, runs_seq)

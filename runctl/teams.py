@@ -27,16 +27,22 @@ from pathlib import Path
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from runctl.bus import Bus
+from runctl.bus import Bus, StreamLimits
 from runctl.bus.kv import bucket_keys, open_bucket
 from runctl.errors import RunctlError
-from runctl.natsauth import nats_hash
-from runctl.subjects import kv_bucket
+from runctl.events.payloads import RUNS_STREAM
+from runctl.natsauth import BusLimits, NatsUser, nats_hash
+from runctl.subjects import kv_bucket, team_stream
 from runctl.tokens import TEAM_NAME, new_token, team_of_token, token_digest
 
 log = logging.getLogger(__name__)
 BUCKET = kv_bucket("teams")
 RESERVED = frozenset({"runctl", "admin", "default"})
+MIB = 1024**2
+#: A team's storage on the bus when it is given none: its RUNS stream (and its view) and its TRIALS ring, in MiB.
+DEFAULT_EVENTS_MB = StreamLimits().runs_max_bytes // MIB
+DEFAULT_TRIALS_MB = StreamLimits().trials_max_bytes // MIB
+QUOTA_KEYS = ("gpus", "cpus", "sandboxes", "weight", "events_mb", "trials_mb")
 
 
 class TeamError(RunctlError):
@@ -50,6 +56,8 @@ class Team:
     cpus: float | None = None
     sandboxes: int | None = None
     weight: float = 1.0
+    events_mb: int | None = None  # None: DEFAULT_EVENTS_MB (a stream is always bounded)
+    trials_mb: int | None = None  # None: DEFAULT_TRIALS_MB
     token_sha256: str = ""
     nats_bcrypt: str = ""
     created: float = 0.0
@@ -62,6 +70,20 @@ class Team:
             return math.inf if quota is None else float(quota)
 
         return limit(self.gpus), limit(self.cpus), limit(self.sandboxes)
+
+    def stream_limits(self) -> StreamLimits:
+        """Its streams' bounds: RUNS_<team> holds ``events_mb``, TRIALS_<team> turns over at ``trials_mb``."""
+        return replace(
+            StreamLimits(),
+            runs_max_bytes=(self.events_mb or DEFAULT_EVENTS_MB) * MIB,
+            trials_max_bytes=(self.trials_mb or DEFAULT_TRIALS_MB) * MIB,
+        )
+
+    def nats_user(self) -> NatsUser:
+        """Its login and account on the bus; the account's JetStream (its view of its events) holds ``events_mb``."""
+        return NatsUser(
+            self.name, self.nats_bcrypt, BusLimits(storage_bytes=(self.events_mb or DEFAULT_EVENTS_MB) * MIB)
+        )
 
     def accepts(self, token: str) -> bool:
         """True when ``token`` is this team's (compared in constant time)."""
@@ -125,11 +147,14 @@ class TeamRegistry:
         cpus: float | None = None,
         sandboxes: float | None = None,
         weight: float = 1.0,
+        events_mb: float | None = None,
+        trials_mb: float | None = None,
     ) -> tuple[Team, str]:
         """A new team and its token (the only time the token exists outside its holder). A quota not given (or
-        ``inf``) is no quota: the team may use what the cluster has free."""
+        ``inf``) is no quota: the team may use what the cluster has free. Its storage on the bus (``events_mb``,
+        ``trials_mb``) is always bounded: not given, the defaults."""
         check_name(name)
-        quotas = _quotas(gpus=gpus, cpus=cpus, sandboxes=sandboxes, weight=weight)
+        quotas = _quotas(gpus, cpus, sandboxes, weight, events_mb, trials_mb)
         token = new_token(name)
         team = Team(name, **quotas, created=time.time()).with_token(token)  # type: ignore[arg-type]
         kv = await self._bucket()
@@ -137,19 +162,39 @@ class TeamRegistry:
             await kv.create(name, json.dumps(asdict(team)).encode())
         except nats.js.errors.KeyWrongLastSequenceError as e:
             raise TeamError(f"team {name} exists already. Fix: `runctl team set {name}` to change it.") from e
-        await self.bus.ensure_streams(teams=[name])  # where its events are kept, before it can send any
+        await self.bus.ensure_streams(team.stream_limits(), [name])  # where its events go, before it can send any
         return team, token
 
     async def update(self, name: str, **changes: float) -> Team:
-        """The team with its quotas or weight changed (a compare-and-set on its entry); ``inf`` removes a quota."""
-        unknown = set(changes) - {"gpus", "cpus", "sandboxes", "weight"}
+        """The team with its quotas, weight or storage changed (a compare-and-set on its entry); ``inf`` removes a
+        quota. Its streams take a new storage bound at once; a RUNS bound below what its stream holds is refused (a
+        smaller TRIALS ring drops its oldest trial events, as a full ring does)."""
+        unknown = set(changes) - set(QUOTA_KEYS)
         if unknown:
-            raise TeamError(f"a team has no {', '.join(sorted(unknown))}. Fix: change gpus, cpus, sandboxes or weight.")
+            raise TeamError(f"a team has no {', '.join(sorted(unknown))}. Fix: change {', '.join(QUOTA_KEYS)}.")
         team, revision = await self._current(name)
-        current = {k: getattr(team, k) for k in ("gpus", "cpus", "sandboxes", "weight")}
+        current = {k: getattr(team, k) for k in QUOTA_KEYS}
         changed = replace(team, **_quotas(**(current | changes)))  # type: ignore[arg-type]
+        if changed.stream_limits() != team.stream_limits():
+            await self._check_fits(changed)
+            await self.bus.ensure_streams(changed.stream_limits(), [name])
         await self._write(changed, revision)
         return changed
+
+    async def _check_fits(self, team: Team) -> None:
+        """Raises TeamError when the team's RUNS stream holds more than its new bound (lowering it there would make
+        JetStream drop recorded events)."""
+        try:
+            info = await self.bus.js.stream_info(team_stream(RUNS_STREAM, team.name))
+        except nats.js.errors.NotFoundError:
+            return
+        held = int(info.state.bytes)
+        if held > team.stream_limits().runs_max_bytes:
+            raise TeamError(
+                f"team {team.name}'s runs stream holds {held / MIB:.1f} MiB of events, more than events_mb="
+                f"{team.events_mb}: lowering it there would drop recorded events. Fix: give events_mb of at least "
+                f"{math.ceil(held / MIB)}."
+            )
 
     async def rotate(self, name: str) -> tuple[Team, str]:
         """A new token for the team; the old one stops working (on the bus once its config is reloaded)."""
@@ -191,9 +236,22 @@ class TeamRegistry:
 
 
 def _quotas(
-    gpus: float | None, cpus: float | None, sandboxes: float | None, weight: float
+    gpus: float | None,
+    cpus: float | None,
+    sandboxes: float | None,
+    weight: float,
+    events_mb: float | None = None,
+    trials_mb: float | None = None,
 ) -> dict[str, float | int | None]:
-    """The registry's form of a team's quotas (``None`` for none: not given, or ``inf``), checked."""
+    """The registry's form of a team's quotas (``None`` for none: not given, or ``inf``) and storage (``None``: the
+    default), checked."""
+    storage = {"events_mb": events_mb, "trials_mb": trials_mb}
+    wrong = [f"{k}={v:g}" for k, v in storage.items() if v is not None and not (math.isfinite(v) and v == int(v) >= 1)]
+    if wrong:
+        raise TeamError(
+            f"a team's storage on the bus is a whole number of MiB, at least 1 (got {', '.join(wrong)}); it is always "
+            f"bounded. Fix: give events_mb and trials_mb in MiB (defaults {DEFAULT_EVENTS_MB} and {DEFAULT_TRIALS_MB})."
+        )
     given = {"gpus": gpus, "cpus": cpus, "sandboxes": sandboxes}
     bad = [f"{k}={v:g}" for k, v in given.items() if v is not None and (math.isnan(v) or v < 0)]
     if bad or not (weight > 0 and math.isfinite(weight)):
@@ -206,7 +264,7 @@ def _quotas(
         if out["sandboxes"] != int(out["sandboxes"]):
             raise TeamError(f"sandboxes={sandboxes:g} is not a whole number. Fix: give a count of sandboxes.")
         out["sandboxes"] = int(out["sandboxes"])
-    return out | {"weight": weight}
+    return out | {"weight": weight} | {k: None if v is None else int(v) for k, v in storage.items()}
 
 
 def quota_text(value: float | None) -> str:

@@ -31,6 +31,22 @@ SandboxesOpt = Annotated[float | None, typer.Option(help="Sandboxes the team may
 
 WeightOpt = Annotated[float, typer.Option(help="The team's fair share of the cluster against the others'.")]
 
+EventsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--events-mb",
+        help="MiB of run events the bus keeps for the team (its RUNS stream and its view); once full, its new run "
+        "events are refused, none recorded is dropped. Not given: 256.",
+    ),
+]
+
+TrialsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--trials-mb", help="MiB of trial events the bus keeps for the team, a ring (the oldest go). Not given: 1024."
+    ),
+]
+
 TeamArg = Annotated[str, typer.Argument(help="The team's name.", show_default=False)]
 
 
@@ -56,26 +72,41 @@ def _print_token(name: str, token: str, what: str) -> None:
 
 @team_app.command("add")
 def team_add(
-    name: TeamArg, gpus: GpusOpt = None, cpus: CpusOpt = None, sandboxes: SandboxesOpt = None, weight: WeightOpt = 1.0
+    name: TeamArg,
+    gpus: GpusOpt = None,
+    cpus: CpusOpt = None,
+    sandboxes: SandboxesOpt = None,
+    weight: WeightOpt = 1.0,
+    events_mb: EventsOpt = None,
+    trials_mb: TrialsOpt = None,
 ) -> None:
-    """Add a team with its quotas and weight; prints its token once."""
-    team, token = run_sync(lambda: _registry_call(lambda r: r.add(name, gpus, cpus, sandboxes, weight)))
+    """Add a team with its quotas, weight and storage on the bus; prints its token once."""
+    team, token = run_sync(
+        lambda: _registry_call(lambda r: r.add(name, gpus, cpus, sandboxes, weight, events_mb, trials_mb))
+    )
     _print_token(team.name, token, "added")
 
 
 @team_app.command("list")
 def team_list() -> None:
-    """Every team with its quotas and weight (never a token); '-' is no quota."""
+    """Every team with its quotas, weight and storage on the bus (never a token); '-' is no quota."""
     from rich.table import Table
 
     from runctl.teams import quota_text
 
     teams = run_sync(lambda: _registry_call(lambda r: r.all()))
     table = Table(box=None, pad_edge=False)
-    for column in ("team", "gpus", "cpus", "sandboxes", "weight"):
+    for column in ("team", "gpus", "cpus", "sandboxes", "weight", "events MiB", "trials MiB"):
         table.add_column(column)
     for team in teams:
-        table.add_row(team.name, *map(quota_text, (team.gpus, team.cpus, team.sandboxes)), f"{team.weight:g}")
+        limits = team.stream_limits()
+        table.add_row(
+            team.name,
+            *map(quota_text, (team.gpus, team.cpus, team.sandboxes)),
+            f"{team.weight:g}",
+            str(limits.runs_max_bytes // 1024**2),
+            str(limits.trials_max_bytes // 1024**2),
+        )
     new_console().print(table if teams else "no teams yet: `runctl team add NAME` adds one")
 
 
@@ -86,18 +117,23 @@ def team_set(
     cpus: CpusOpt = None,
     sandboxes: SandboxesOpt = None,
     weight: Annotated[float | None, typer.Option(help="The team's fair share against the others'.")] = None,
+    events_mb: EventsOpt = None,
+    trials_mb: TrialsOpt = None,
 ) -> None:
-    """Change a team's quotas or weight."""
+    """Change a team's quotas, weight or storage on the bus (its streams take a new bound at once)."""
     from runctl.teams import quota_text
 
+    given = {"gpus": gpus, "cpus": cpus, "sandboxes": sandboxes, "weight": weight}
     changes = {
-        k: v for k, v in (("gpus", gpus), ("cpus", cpus), ("sandboxes", sandboxes), ("weight", weight)) if v is not None
+        k: float(v) for k, v in (given | {"events_mb": events_mb, "trials_mb": trials_mb}).items() if v is not None
     }
     if not changes:
-        raise typer.BadParameter("give at least one of --gpus, --cpus, --sandboxes, --weight")
+        raise typer.BadParameter("give at least one of --gpus, --cpus, --sandboxes, --weight, --events-mb, --trials-mb")
     team = run_sync(lambda: _registry_call(lambda r: r.update(name, **changes)))
     quotas = ", ".join(f"{k} {quota_text(getattr(team, k))}" for k in ("gpus", "cpus", "sandboxes"))
-    new_console().print(f"team {team.name}: {quotas}, weight {team.weight:g}")
+    limits = team.stream_limits()
+    storage = f"events {limits.runs_max_bytes // 1024**2} MiB, trials {limits.trials_max_bytes // 1024**2} MiB"
+    new_console().print(f"team {team.name}: {quotas}, weight {team.weight:g}, {storage}")
 
 
 @team_app.command("rotate")
@@ -143,7 +179,7 @@ def team_nats_config(
         str(store),
         NatsUser(SERVICES_USER, passwords[SERVICES_USER]),
         NatsUser(ADMIN_USER, passwords[ADMIN_USER]),
-        [NatsUser(t.name, t.nats_bcrypt) for t in teams],
+        [t.nats_user() for t in teams],
     )
     write_private(out, text)
     new_console().print(

@@ -20,7 +20,7 @@ from runctl.bus import Bus
 from runctl.bus.kv import bucket_keys
 from runctl.natsauth import SERVICES_USER, NatsUser, nats_hash, server_config
 from runctl.stack import nats_server_binary
-from runctl.teams import BUCKET, TeamError, TeamRegistry
+from runctl.teams import BUCKET, MIB, TeamError, TeamRegistry
 from runctl.tokens import token_digest
 from tests.conftest import ROOT, NatsServer, free_port, login_refused, wait_until
 
@@ -64,19 +64,55 @@ async def test_a_token_is_shown_once_kept_as_hashes_and_checked(nats_server: Nat
         await bus.close()
 
 
+async def test_a_teams_storage_bounds_its_streams_and_is_never_lowered_below_what_they_hold(
+    nats_server: NatsServer,
+) -> None:
+    bus = await Bus.connect(nats_server.url)
+    try:
+        registry = TeamRegistry(bus)
+        team, _ = await registry.add("storage", events_mb=1, trials_mb=2)
+        runs, trials = [await bus.js.stream_info(f"{family}_storage") for family in ("RUNS", "TRIALS")]
+        assert (runs.config.max_bytes, trials.config.max_bytes) == (MIB, 2 * MIB)
+        assert team.nats_user().limits.storage_bytes == MIB  # its account's view of its events
+        for wrong in (0, 1.5, math.inf, -3):
+            with pytest.raises(TeamError, match="whole number of MiB, at least 1"):
+                await registry.update("storage", events_mb=wrong)
+        await registry.update("storage", events_mb=3)
+        info = await bus.js.stream_info("RUNS_storage")
+        assert info.config.max_bytes == 3 * MIB
+        subject = info.config.subjects[0].replace("*", "r1")  # one of its runs' lifecycle subjects
+        for _ in range(160):  # about 1.6 MiB of events recorded
+            await bus.js.publish(subject, b"x" * 10_000)
+        held = (await bus.js.stream_info("RUNS_storage")).state
+        with pytest.raises(TeamError, match="holds 1.5 MiB of events.*at least 2"):
+            await registry.update("storage", events_mb=1)
+        after = await bus.js.stream_info("RUNS_storage")
+        assert after.config.max_bytes == 3 * MIB and after.state.messages == held.messages == 160  # nothing dropped
+        assert (await registry.get("storage")).events_mb == 3  # type: ignore[union-attr]
+        assert (await registry.update("storage", events_mb=2)).stream_limits().runs_max_bytes == 2 * MIB
+        assert (await bus.js.stream_info("RUNS_storage")).state.messages == 160
+    finally:
+        await bus.close()
+
+
 def test_the_team_commands_print_the_token_once_and_never_list_it(nats_server: NatsServer, tmp_path: Path) -> None:
     env = {"RUNCTL_NATS_URL": nats_server.url, "RUNCTL_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
 
     def runctl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([RUNCTL, "team", *args], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
 
-    added = runctl("add", "vision", "--gpus", "8", "--sandboxes", "16", "--weight", "2")
+    added = runctl("add", "vision", "--gpus", "8", "--sandboxes", "16", "--weight", "2", "--trials-mb", "96")
     assert added.returncode == 0, added.stderr
     (token,) = [line.split("=", 1)[1] for line in added.stdout.splitlines() if "RUNCTL_TOKEN=" in line]
     listed = runctl("list")
     assert "vision" in listed.stdout and token not in listed.stdout and "16" in listed.stdout
+    assert "events MiB" in listed.stdout and " 256 " in listed.stdout and " 96" in listed.stdout
     assert runctl("set", "vision", "--gpus", "4").stdout.startswith("team vision: gpus 4, cpus -, sandboxes 16")
     assert runctl("set", "vision", "--sandboxes", "inf").stdout.startswith("team vision: gpus 4, cpus -, sandboxes -")
+    stored = runctl("set", "vision", "--events-mb", "64")
+    assert "events 64 MiB, trials 96 MiB" in stored.stdout, stored.stdout + stored.stderr
+    refused = runctl("set", "vision", "--events-mb", "0")
+    assert refused.returncode == 1 and "at least 1" in refused.stderr
     again = runctl("add", "vision")
     assert again.returncode == 1 and "exists already" in again.stderr and "runctl team set vision" in again.stderr
     rotated = runctl("rotate", "vision")
