@@ -6,14 +6,15 @@ verl's own config tree before a GPU is touched, and the launcher's verl engine l
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import shlex
-from dataclasses import dataclass
 from typing import Any
 
 from runctl.config.models import TrainConfig
+from runctl.replica_guard.runctl_replica_guard import RequireKey
 
 ENTRYPOINT = "verl.trainer.main_ppo"
 CONFIG_NAME = "ppo_trainer"
@@ -28,9 +29,12 @@ AGENT_LOOP_NAME = "runctl"
 AGENT_LOOP_CLASS = "services.launcher.engines.verl.agent_loop.RunctlAgentLoop"
 CALLBACK_CLASS = "services.launcher.engines.verl.callback.CheckpointAnnouncer"
 #: The key guard verl's vLLM servers load (``--middleware``): each requires the run's replica key, which the runner
-#: puts in ``REPLICA_KEY_ENV`` of verl's environment and Ray's runtime environment hands every actor.
-REPLICA_GUARD = "services.launcher.rollout.guard.runctl_replica_guard.RequireKey"
+#: puts in ``REPLICA_KEY_ENV`` of verl's environment and hands every actor of verl's through Ray's runtime
+#: environment (runctl/verl.py).
+REPLICA_GUARD = f"{RequireKey.__module__}.{RequireKey.__name__}"
 REPLICA_KEY_ENV = "VLLM_API_KEY"
+#: The Ray option naming the namespace of verl's job, where its ``vllm_server_*`` actors are made.
+RAY_NAMESPACE_KEY = "ray_kwargs.ray_init.namespace"
 # Where, under the run folder, the runner leaves what verl reads and verl writes what the runner reads.
 AGENT_LOOPS_FILE = "verl/agent_loops.yaml"
 TRAIN_FILE = "verl/train.parquet"
@@ -42,14 +46,6 @@ LOAD_CONTENTS = ["model", "optimizer", "extra"]
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@+-]*")
 
 
-@dataclass(frozen=True)
-class EnvRef:
-    """A value verl reads from the launched process's environment when it resolves its config (runctl's own
-    reference, to a name runctl chose: never a run config's text), so a secret is never on the command line."""
-
-    name: str
-
-
 def hydra_value(value: Any) -> str:
     """A value in Hydra's override grammar: booleans and null as Hydra spells them, lists in brackets, and
     anything with a character the grammar reserves in single quotes — as literal text: an interpolation in it
@@ -57,8 +53,6 @@ def hydra_value(value: Any) -> str:
     a value taken from a run config."""
     if value is None:
         return "null"
-    if isinstance(value, EnvRef):
-        return f"'${{oc.env:{value.name}}}'"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -94,6 +88,11 @@ def config_source(config: TrainConfig) -> tuple[str, str]:
     if config.training_mode == "async":
         return ASYNC_CONFIG_FOLDER, ASYNC_CONFIG_NAME
     return CONFIG_FOLDER, CONFIG_NAME
+
+
+def ray_namespace(run_id: str) -> str:
+    """The Ray namespace of a run's verl job: its servers are found there, never another run's on the cluster."""
+    return f"runctl-verl-{run_id}"
 
 
 def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
@@ -168,12 +167,10 @@ def verl_overrides(config: TrainConfig, run_dir: str) -> list[str]:
         f"{rollout}.engine_kwargs.vllm.tool_call_parser": config.tool_call_parser,
         f"{rollout}.engine_kwargs.vllm.middleware": REPLICA_GUARD,
         "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": f"{run_dir}/{STEP_LOG}",
-        f"ray_kwargs.ray_init.runtime_env.env_vars.{REPLICA_KEY_ENV}": EnvRef(REPLICA_KEY_ENV),
     }
     if "wandb" in loggers:
-        # The key reaches verl's TaskRunner through Ray's runtime environment, read from the launched process's own
-        # environment when verl resolves its config: it never appears on the command line.
-        added["ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY"] = EnvRef("WANDB_API_KEY")
+        # W&B's key reaches verl's TaskRunner as the runner's other variables do (Ray's runtime environment, filled
+        # by runctl/verl.py): never on the command line.
         added["ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE"] = config.wandb_mode
     return [f"{key}={hydra_value(value)}" for key, value in values.items()] + [
         f"+{key}={hydra_value(value)}" for key, value in added.items()
@@ -222,3 +219,43 @@ def launch_argv(config: TrainConfig, run_dir: str, python: str) -> list[str]:
 def launch_command(config: TrainConfig, run_dir: str, python: str = "python3") -> str:
     """The fully expanded command line the runner starts verl with, shell-quoted."""
     return " ".join(shlex.quote(arg) for arg in launch_argv(config, run_dir, python))
+
+
+# What verl's Ray actors get of the runner's environment. verl's workers (its TaskRunner, rollout servers and
+# agent-loop workers, where runctl's trial host runs) are Ray actors: they see the job's runtime environment, not the
+# launched process's. A reference in verl's config (``${oc.env:NAME}`` under ``ray_kwargs.ray_init.runtime_env``)
+# does not do: verl hands ``ray.init`` that part of its config unresolved, so the actors would get the reference's
+# text. Instead the runner starts verl with ``RAY_RUNTIME_ENV_HOOK`` naming ``runtime_env_hook``, which Ray calls in
+# verl's driver with the runtime environment of its ``ray.init``; the hook adds each variable ``NAMES_ENV`` lists,
+# from the driver's own environment. A secret (the bus login, the replica key, W&B's key) is then never on a command
+# line or in a config file. A hook the site had set already is called first (``NEXT_HOOK_ENV``).
+RUNTIME_ENV_HOOK = f"{__name__}.runtime_env_hook"
+NAMES_ENV = "RUNCTL_VERL_WORKER_ENV"
+NEXT_HOOK_ENV = "RUNCTL_VERL_NEXT_RUNTIME_ENV_HOOK"
+RAY_HOOK_ENV = "RAY_RUNTIME_ENV_HOOK"
+
+
+def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+    """``runtime_env`` with the variables ``NAMES_ENV`` lists added to its ``env_vars`` (those set here)."""
+    nxt = os.environ.get(NEXT_HOOK_ENV)
+    if nxt:
+        module, _, name = nxt.rpartition(".")
+        runtime_env = getattr(importlib.import_module(module), name)(runtime_env)
+    out = dict(runtime_env or {})
+    env_vars = dict(out.get("env_vars") or {})
+    for name in filter(None, os.environ.get(NAMES_ENV, "").split(",")):
+        if name in os.environ:
+            env_vars[name] = os.environ[name]
+    out["env_vars"] = env_vars
+    return out
+
+
+def driver_env(env: dict[str, str], names: list[str]) -> dict[str, str]:
+    """``env`` (verl's driver's environment) made to hand ``names`` (those it sets) to every actor of verl's."""
+    out = dict(env)
+    site_hook = out.get(RAY_HOOK_ENV)
+    if site_hook and site_hook != RUNTIME_ENV_HOOK:
+        out[NEXT_HOOK_ENV] = site_hook
+    out[RAY_HOOK_ENV] = RUNTIME_ENV_HOOK
+    out[NAMES_ENV] = ",".join(name for name in names if out.get(name))
+    return out

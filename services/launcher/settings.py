@@ -35,6 +35,9 @@ class LauncherSettings(ServiceSettings):
     """Ray's own; when this or another ``RAY_AUTH_*`` is set, a local head keeps it, else it gets a token of its own."""
     ray_auth_token: str | None = Field(None, validation_alias="RAY_AUTH_TOKEN")
     """Ray's own token for a token-authenticated cluster."""
+    replica_key: str | None = Field(None, validation_alias="VLLM_API_KEY")
+    """In verl's workers: the key verl's vLLM servers require (``runctl.verl.REPLICA_GUARD``), which the runner makes
+    for each attempt and hands them through Ray's runtime environment; runctl's proxy there sends it."""
     ray_auth_token_path: str | None = Field(None, validation_alias="RAY_AUTH_TOKEN_PATH")
     """Ray's own: a file holding that token."""
     vllm_cpu_kvcache_space: int = Field(1, ge=1, validation_alias="VLLM_CPU_KVCACHE_SPACE")

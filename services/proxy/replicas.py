@@ -275,8 +275,11 @@ class ReplicaPool:
             replica.client.close()
 
 
-def ray_replica_addresses(address: str | None, pattern: re.Pattern[str] = RAY_ACTOR_PATTERN) -> dict[str, str]:
-    """Named Ray actors ``vllm_server_*`` (in any namespace) that serve HTTP → ``{actor name: http://ip:port}``.
+def ray_replica_addresses(
+    address: str | None, pattern: re.Pattern[str] = RAY_ACTOR_PATTERN, namespace: str | None = None
+) -> dict[str, str]:
+    """Named Ray actors ``vllm_server_*`` that serve HTTP → ``{actor name: http://ip:port}``: those of ``namespace``
+    (a run's own), or of every namespace when it is None (a proxy an operator points at a cluster).
 
     Blocking (Ray's client API); call it from a thread. Connects to the cluster at ``address`` once per process.
     Actors that do not answer ``get_server_address`` (a replica's non-leading nodes) are left out.
@@ -286,12 +289,10 @@ def ray_replica_addresses(address: str | None, pattern: re.Pattern[str] = RAY_AC
     if not ray.is_initialized():
         ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.WARNING)
     found: dict[str, str] = {}
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        name, namespace = entry["name"], entry.get("namespace")
-        if not pattern.search(name):
-            continue
+    for entry in _named_actors(pattern, namespace):
+        name, where_ns = entry["name"], entry.get("namespace")
         try:
-            actor = ray.get_actor(name, namespace=namespace)
+            actor = ray.get_actor(name, namespace=where_ns)
             where: Any = ray.get(actor.get_server_address.remote(), timeout=10)
         except Exception as e:  # an actor that is not (or no longer) an HTTP server
             log.debug("Ray actor %s gives no server address: %s", name, e)
@@ -301,11 +302,22 @@ def ray_replica_addresses(address: str | None, pattern: re.Pattern[str] = RAY_AC
             address_text = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
         else:
             address_text = str(where)
-        found[f"{namespace}/{name}" if namespace else name] = "http://" + address_text.removeprefix("http://")
+        found[f"{where_ns}/{name}" if where_ns else name] = "http://" + address_text.removeprefix("http://")
     return found
 
 
-def ray_weight_versions(pattern: re.Pattern[str] = RAY_ACTOR_PATTERN) -> list[int]:
+def _named_actors(pattern: re.Pattern[str], namespace: str | None) -> list[dict[str, Any]]:
+    """The named actors whose name ``pattern`` matches, of ``namespace`` (None: of every namespace)."""
+    import ray
+
+    return [
+        entry
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if pattern.search(entry["name"]) and (namespace is None or entry.get("namespace") == namespace)
+    ]
+
+
+def ray_weight_versions(pattern: re.Pattern[str] = RAY_ACTOR_PATTERN, namespace: str | None = None) -> list[int]:
     """The weight version each ``vllm_server_*`` actor serves: verl's ``global_steps``, which verl's trainer sets
     on its servers with each weight update (0 for servers not yet updated, on the initial weights).
 
@@ -316,9 +328,7 @@ def ray_weight_versions(pattern: re.Pattern[str] = RAY_ACTOR_PATTERN) -> list[in
     import ray
 
     versions: list[int] = []
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if not pattern.search(entry["name"]):
-            continue
+    for entry in _named_actors(pattern, namespace):
         try:
             actor = ray.get_actor(entry["name"], namespace=entry.get("namespace"))
             version: Any = ray.get(
@@ -334,9 +344,12 @@ def ray_weight_versions(pattern: re.Pattern[str] = RAY_ACTOR_PATTERN) -> list[in
 class RayDiscovery:
     """Keeps a pool's membership equal to the ``vllm_server_*`` actors of a Ray cluster, every ``interval_s``."""
 
-    def __init__(self, pool: ReplicaPool, address: str | None, interval_s: float = 5.0) -> None:
+    def __init__(
+        self, pool: ReplicaPool, address: str | None, interval_s: float = 5.0, namespace: str | None = None
+    ) -> None:
         self.pool = pool
         self.address = address
+        self.namespace = namespace  # None: every namespace's
         self.interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
         self._names: set[str] = set()
@@ -344,7 +357,7 @@ class RayDiscovery:
 
     async def refresh(self) -> None:
         try:
-            found = await asyncio.to_thread(ray_replica_addresses, self.address)
+            found = await asyncio.to_thread(ray_replica_addresses, self.address, namespace=self.namespace)
         except Exception as e:
             self.last_error = f"{type(e).__name__}: {e}"
             log.warning("Ray discovery failed: %s", self.last_error)

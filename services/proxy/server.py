@@ -52,7 +52,8 @@ class ProxyServer:
     URLs (default: the bind host), for agents that reach the proxy by another name. ``unix_socket``: also listen
     there (a sandbox without a network reaches the proxy through it, bound in). ``resend_aborted``: see
     :class:`~services.proxy.upstream.Upstream`. ``upstream_key``: the bearer key the replicas require (a run's
-    replica key), sent with every request to them and never shown."""
+    replica key), sent with every request to them and never shown. ``ray_namespace``: discover only that namespace's
+    replicas (a run's own; None: every namespace's)."""
 
     def __init__(
         self,
@@ -74,11 +75,14 @@ class ProxyServer:
         unix_socket: str | Path | None = None,
         resend_aborted: bool = False,
         upstream_key: str | None = None,
+        ray_namespace: str | None = None,
     ) -> None:
         self.pool = ReplicaPool(interval_s=health_interval_s, probe_timeout_s=probe_timeout_s, key=upstream_key)
         for url in upstreams:
             self.pool.add(url)
-        self.discovery = RayDiscovery(self.pool, ray_address, health_interval_s) if discover_ray else None
+        self.discovery = (
+            RayDiscovery(self.pool, ray_address, health_interval_s, ray_namespace) if discover_ray else None
+        )
         self.http = HttpServer(self.handle, host, port, str(unix_socket) if unix_socket else None)
         self.advertise_host = advertise_host
         self.admin_token = admin_token or secrets.token_urlsafe(32)

@@ -109,7 +109,7 @@ def ray_head(num_cpus: int = 1, num_gpus: int = 0, dashboard_port: int | None = 
 
 _SERVER_ACTOR = """
 import sys, ray
-ray.init(address=sys.argv[1], namespace="verl")
+ray.init(address=sys.argv[1], namespace=sys.argv[3])
 
 @ray.remote
 class Server:
@@ -124,12 +124,11 @@ ray.get(ray.get_actor("vllm_server_0_0").get_server_address.remote())
 """
 
 
-def start_server_actor(head: RayHead, port: int) -> None:
-    """A detached actor named as verl names its vLLM servers (``vllm_server_0_0``, namespace ``verl``) whose
-    ``get_server_address`` names ``127.0.0.1:port`` and which serves weight version 4 (verl's ``global_steps``),
-    made by a driver of its own as verl's trainer makes them."""
-    made = subprocess.run(
-        [sys.executable, "-c", _SERVER_ACTOR, head.gcs_address, str(port)], capture_output=True, text=True, timeout=120
-    )
+def start_server_actor(head: RayHead, port: int, namespace: str = "verl") -> None:
+    """A detached actor named as verl names its vLLM servers (``vllm_server_0_0``, in ``namespace``: verl's job's)
+    whose ``get_server_address`` names ``127.0.0.1:port`` and which serves weight version 4 (verl's
+    ``global_steps``), made by a driver of its own as verl's trainer makes them."""
+    argv = [sys.executable, "-c", _SERVER_ACTOR, head.gcs_address, str(port), namespace]
+    made = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if made.returncode != 0:
         raise RuntimeError(f"the stand-in server actor was not made: {made.stderr[-2000:]}")

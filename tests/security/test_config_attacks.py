@@ -133,7 +133,6 @@ def test_no_interpolation_resolves_inside_what_verl_is_handed(monkeypatch: pytes
     """Every string key of a train config set to an interpolation of the launcher's environment: composed by Hydra
     and resolved by OmegaConf as verl does, no value holds the secret, and each holds the text as written."""
     monkeypatch.setenv("RUNCTL_ATTACK_SECRET", SECRET)
-    monkeypatch.setenv("VLLM_API_KEY", "the-runs-replica-key")  # what the runner sets beside verl
     probe = "${oc.env:RUNCTL_ATTACK_SECRET}"
     base = train_config()
     # Every key that holds text, whatever its own checks would say: the escaping must hold for any text that gets

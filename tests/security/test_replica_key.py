@@ -1,5 +1,5 @@
 """A run's vLLM replica answers only its own run: every path but ``GET /health`` demands the run's replica key
-(services/launcher/rollout/guard/runctl_replica_guard.py). Before, any process that reached the replica's port — on
+(runctl/replica_guard/runctl_replica_guard.py). Before, any process that reached the replica's port — on
 the runner's machine, or a sandbox sharing its network — could load weights from any folder into the policy
 (``/collective_rpc``, which a train run's replicas open), put it to sleep or pause it, and generate with it.
 

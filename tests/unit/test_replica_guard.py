@@ -1,4 +1,4 @@
-"""The key guard each replica loads (services/launcher/rollout/guard/runctl_replica_guard.py), as an ASGI app."""
+"""The key guard each replica loads (runctl/replica_guard/runctl_replica_guard.py), as an ASGI app."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.launcher.rollout.guard.runctl_replica_guard import RequireKey
+from runctl.replica_guard.runctl_replica_guard import RequireKey
 
 
 def call(guard: RequireKey, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, list[Any]]:

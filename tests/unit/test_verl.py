@@ -109,27 +109,25 @@ def test_an_async_run_composes_against_verls_fully_async_trainer_with_each_key_w
     assert argv[:3] == ["python3", "-m", ASYNC_ENTRYPOINT]
 
 
-def test_verls_servers_load_the_key_guard_and_every_actor_gets_the_runs_key_from_the_environment(
+def test_verls_servers_load_the_key_guard_and_no_secret_is_named_in_what_verl_is_handed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The overrides name the guard as vLLM middleware and hand the key (and W&B's) through Ray's runtime
-    environment, resolved from the launched process's environment: the values, not the text of a reference."""
+    """The overrides name the guard as vLLM middleware; the key (and W&B's) reach verl's actors through Ray's
+    runtime environment (tests/verl/test_worker_env.py), never through the overrides."""
     import importlib
 
-    from omegaconf import OmegaConf
+    from runctl.verl import REPLICA_GUARD
 
-    from runctl.verl import REPLICA_GUARD, REPLICA_KEY_ENV
-
-    monkeypatch.setenv(REPLICA_KEY_ENV, "the-runs-replica-key")
+    monkeypatch.setenv("VLLM_API_KEY", "the-runs-replica-key")
     monkeypatch.setenv("WANDB_API_KEY", "the-wandb-key")
     overrides = verl_overrides(good_train("LOGGER=wandb\nWANDB_API_KEY=from-config\n"), "/runs/r1")
-    assert not any("the-runs-replica-key" in o or "the-wandb-key" in o for o in overrides)  # never on a command line
+    assert not any(
+        secret in o for o in overrides for secret in ("the-runs-replica-key", "the-wandb-key", "from-config")
+    )
+    assert not any("oc.env" in o for o in overrides)  # verl would hand ray.init the reference's text
     config_dir = verl_config_dir()
     assert config_dir is not None
-    verl = OmegaConf.to_container(compose(config_dir, overrides), resolve=True)
-    env = verl["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]  # type: ignore[index,call-overload]
-    assert env[REPLICA_KEY_ENV] == "the-runs-replica-key" and env["WANDB_API_KEY"] == "the-wandb-key"
-    vllm = verl["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]  # type: ignore[index,call-overload]
-    assert vllm["middleware"] == REPLICA_GUARD
+    verl = compose(config_dir, overrides)
+    assert verl.actor_rollout_ref.rollout.engine_kwargs.vllm.middleware == REPLICA_GUARD
     module, name = REPLICA_GUARD.rsplit(".", 1)
     assert callable(getattr(importlib.import_module(module), name))  # what vLLM's --middleware imports

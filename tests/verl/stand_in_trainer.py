@@ -19,6 +19,9 @@ from pathlib import Path
 
 
 def main(overrides: list[str]) -> int:
+    import importlib
+
+    from omegaconf import OmegaConf
     from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
     from verl.utils.tracking import FileLogger
 
@@ -29,8 +32,13 @@ def main(overrides: list[str]) -> int:
     folder = verl_config_dir(ASYNC_CONFIG_FOLDER) if fully_async else verl_config_dir()
     assert folder is not None, "verl's config files are not installed"
     config = compose(folder, overrides, ASYNC_CONFIG_NAME) if fully_async else compose(folder, overrides)
-    # verl's trainer runs in a Ray actor (its TaskRunner), whose environment is the runtime_env's: as there.
-    os.environ.update({k: str(v) for k, v in config.ray_kwargs.ray_init.runtime_env.get("env_vars", {}).items()})
+    # verl's trainer runs in a Ray actor (its TaskRunner), whose environment is the runtime_env's: as there, where
+    # verl hands ray.init that part of its config unresolved, and Ray calls the runner's hook (RAY_RUNTIME_ENV_HOOK).
+    runtime_env = OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env)
+    if os.environ.get("RAY_RUNTIME_ENV_HOOK"):
+        module, _, name = os.environ["RAY_RUNTIME_ENV_HOOK"].rpartition(".")
+        runtime_env = getattr(importlib.import_module(module), name)(runtime_env)
+    os.environ.update({k: str(v) for k, v in (runtime_env.get("env_vars") or {}).items()})  # type: ignore[union-attr]
     trainer = config.trainer
     root = Path(trainer.default_local_dir)
     latest = root / "latest_checkpointed_iteration.txt"

@@ -126,16 +126,23 @@ async def test_the_loop_finds_verls_servers_as_their_ray_actors(
     run_dir = tmp_path / "run"
     prepare(config, run_dir, [task], [])
     with ray_head.ray_head() as head:
-        ray_head.start_server_actor(head, upstream.server.port)
+        ray_head.start_server_actor(head, upstream.server.port, namespace="runctl-verl-r1")
+        ray_head.start_server_actor(head, 9, namespace="runctl-verl-another-run")  # not this run's: never routed to
         monkeypatch.setenv("RAY_ADDRESS", head.gcs_address)
+        # This process stands for an agent-loop worker of verl's job, which runs in the job's namespace.
+        ray.init(address=head.gcs_address, namespace="runctl-verl-r1", log_to_driver=False)
         try:
             verl_config = composed(config, run_dir)
             worker = AgentLoopWorker(verl_config, ServerManagerNotUsed())
             dataset = RLHFDataset([str(run_dir / "verl" / "train.parquet")], worker.tokenizer, verl_config.data)
             out = await worker.generate_sequences(DataProto.from_single_dict(collate_fn([dataset[0]])))
+            (host,) = TrialHost._hosts.values()
+            assert host.proxy is not None
+            routed = sorted(host.proxy.pool.replicas)
         finally:
             await TrialHost.close_all()
             ray.shutdown()
+    assert routed == ["runctl-verl-r1/vllm_server_0_0"]  # the run's own server, not the other run's
     assert out.batch["rm_scores"].sum().item() == 1.0
     assert out.non_tensor_batch["runctl_trial"][0].endswith("say-yes/0")
     # The weight versions the trajectory spans, read from verl's servers (its fully async trainer counts them).
@@ -151,8 +158,9 @@ async def test_a_workers_sandboxes_are_booked_in_the_ledger_with_the_bus_the_run
     from runctl.bus import Bus
     from runctl.events.payloads import TRIALS_STREAM
     from runctl.subjects import team_stream
-    from runctl.verl import verl_overrides
-    from services.launcher.engines.verl.engine import worker_env_overrides
+    from runctl.verl import driver_env, verl_overrides
+    from runctl.verl import runtime_env_hook as hook
+    from services.launcher.engines.verl.engine import WORKER_ENV
     from services.sandbox.ledger import SandboxLedger
     from services.validator.checks.verl_schema import verl_config_dir
 
@@ -160,18 +168,20 @@ async def test_a_workers_sandboxes_are_booked_in_the_ledger_with_the_bus_the_run
     (task,) = [t for t in load_index(EXAMPLE_TASKS).load_tasks()[0] if t.id.endswith("say-yes")]
     run_dir = tmp_path / "run"
     prepare(config, run_dir, [task], [], run_id="r-verl")
-    # The runner names the bus in verl's config; verl puts it in its workers' runtime environment.
-    runner_env = {"RUNCTL_NATS_URL": nats_server.url, "RUNCTL_HOME": str(tmp_path / "home"), "PATH": "/bin"}
-    monkeypatch.setenv("RUNCTL_NATS_URL", nats_server.url)
-    monkeypatch.setenv("RUNCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("VLLM_API_KEY", "the-runs-replica-key")  # the key the runner makes for verl's servers
+    # The runner hands the bus (and the replicas' key) to verl's driver, whose runtime-environment hook gives them to
+    # every actor of verl's (tests/verl/test_worker_env.py runs that through verl's own run_ppo).
+    runner_env = {"RUNCTL_NATS_URL": nats_server.url, "RUNCTL_HOME": str(tmp_path / "home"), "PATH": "/bin",
+                  "VLLM_API_KEY": "the-runs-replica-key"}  # fmt: skip
+    driver = driver_env(runner_env, [*WORKER_ENV, "VLLM_API_KEY"])
     with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
-        overrides = verl_overrides(config, str(run_dir)) + worker_env_overrides(runner_env)
+        overrides = verl_overrides(config, str(run_dir))
         verl_config = compose("ppo_trainer", overrides=overrides)
-    workers_env = OmegaConf.to_container(verl_config.ray_kwargs.ray_init.runtime_env.env_vars, resolve=True)
-    assert workers_env["RUNCTL_NATS_URL"] == nats_server.url and "PATH" not in workers_env  # type: ignore[index]
-    assert workers_env["VLLM_API_KEY"] == "the-runs-replica-key"  # type: ignore[index]
-    assert not any(nats_server.url in o for o in overrides)  # named, not written, on the command line
+    for name in ("RAY_RUNTIME_ENV_HOOK", "RUNCTL_VERL_WORKER_ENV", "RUNCTL_NATS_URL", "RUNCTL_HOME", "VLLM_API_KEY"):
+        monkeypatch.setenv(name, driver[name])  # the driver's environment, and (after the hook) the worker's
+    workers_env = hook(OmegaConf.to_container(verl_config.ray_kwargs.ray_init.runtime_env))["env_vars"]  # type: ignore[arg-type]
+    assert workers_env["RUNCTL_NATS_URL"] == nats_server.url and "PATH" not in workers_env
+    assert workers_env["VLLM_API_KEY"] == "the-runs-replica-key"
+    assert not any(nats_server.url in o or "the-runs-replica-key" in o for o in overrides)  # never on a command line
 
     bus = await Bus.connect(nats_server.url)
     try:

@@ -113,6 +113,7 @@ async def test_verls_servers_once_up_are_published_as_replicas_ready(tmp_path: P
 
     import ray
 
+    from runctl.verl import ray_namespace
     from services.launcher.engines.verl.engine import watch_replicas
 
     published: list[tuple[str, Payload]] = []
@@ -125,7 +126,10 @@ async def test_verls_servers_once_up_are_published_as_replicas_ready(tmp_path: P
 
     with ray_infra.ray_head() as head:
         config = verl_train_config(NGPUS_PER_NODE=0, GEN_TP=1).model_copy(update={"ray_address": head.gcs_address})
-        ray_infra.start_server_actor(head, 8123)  # as verl's trainer makes its vllm_server_* actors
+        # As verl's trainer makes its vllm_server_* actors, in the run's namespace; another run's on the same
+        # cluster is not taken for its own.
+        ray_infra.start_server_actor(head, 8123, namespace=ray_namespace("r3"))
+        ray_infra.start_server_actor(head, 8999, namespace=ray_namespace("another-run"))
         trainer = subprocess.Popen(["sleep", "120"])  # verl, still running
         try:
             ctx = RunContext("r3", "team", config, tmp_path, emit, save, progress={})

@@ -6,7 +6,7 @@ machine, ``vllm`` with GEN_TP GPUs otherwise), writes its log to a file beside i
 each server's ``/health`` until it answers or ``VLLM_READY_TIMEOUT`` passes; a server that exits or never becomes
 ready fails the run in the replicas phase with the tail of its log.
 
-Every server requires the run's replica key on every request but ``GET /health`` (``guard/runctl_replica_guard.py``):
+Every server requires the run's replica key on every request but ``GET /health`` (``runctl/replica_guard``):
 the run's proxy, weight sync and readiness wait hold it, no sandbox or other process of the machine does.
 """
 
@@ -29,8 +29,8 @@ import httpx
 
 from runctl.config import EvalConfig, RunConfig, TrainConfig
 from runctl.ports import free_port
+from runctl.replica_guard import runctl_replica_guard as guard
 from services.launcher.errors import EngineError
-from services.launcher.rollout.guard import runctl_replica_guard as guard
 from services.launcher.settings import LauncherSettings
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,8 @@ class ReplicaServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Under the group watcher: the server's processes (API server, engine core, workers) live and die together.
         argv = [sys.executable, "-m", "services.launcher.rollout.groupwatch", "--", *argv_for(self.host, self.port)]
-        pythonpath = with_guard(os.environ.get("PYTHONPATH"))  # this node's copy of the key guard
+        server_env = {**os.environ, **env, "VLLM_HOST_IP": self.host}
+        server_env["PYTHONPATH"] = with_guard(server_env.get("PYTHONPATH"))  # this node's copy of the key guard
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
@@ -159,7 +160,7 @@ class ReplicaServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **env, "VLLM_HOST_IP": self.host, "PYTHONPATH": pythonpath},
+                env=server_env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )

@@ -44,7 +44,7 @@ async def reload_in_place(client: httpx.AsyncClient, url: str, folder: Path) -> 
 
 
 class VllmReload:
-    """``key``: the replica key the servers require (``services/launcher/rollout/guard``)."""
+    """``key``: the replica key the servers require (``runctl/replica_guard``)."""
 
     def __init__(self, urls: list[str], restart: Restart, key: str) -> None:
         self.urls = list(urls)

@@ -94,7 +94,8 @@ class VerlEngine:
 
             await ctx.enter_phase("loop", total=config.total_training_steps)
             reader = Reader(ctx, config)
-            proc = self._launch(config, ctx.run_dir, found.address, ctx.bus.url if ctx.bus is not None else None)
+            bus_url = ctx.bus.url if ctx.bus is not None else None
+            proc = self._launch(config, ctx.run_dir, found.address, bus_url, verl_contract.ray_namespace(ctx.run_id))
             stack.push_async_callback(asyncio.to_thread, stop_group, proc)
             if self.discover_replicas:
                 stack.callback(asyncio.create_task(watch_replicas(ctx, config, proc)).cancel)
@@ -118,22 +119,25 @@ class VerlEngine:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _launch(
-        self, config: TrainConfig, run_dir: Path, ray_address: str, bus_url: str | None
+        self, config: TrainConfig, run_dir: Path, ray_address: str, bus_url: str | None, namespace: str
     ) -> subprocess.Popen[bytes]:
         argv = verl_contract.launch_argv(config, str(run_dir.resolve()), sys.executable)
         if self.argv is not None:
             argv = [*self.argv, *argv[3:]]  # a stand-in trainer, with the same overrides
+        argv.append(f"+{verl_contract.RAY_NAMESPACE_KEY}={namespace}")  # its servers are this run's, found there
         env = {**os.environ, "RAY_ADDRESS": ray_address, "WANDB_MODE": config.wandb_mode}
         # The key verl's vLLM servers require (runctl.verl.REPLICA_GUARD), new for each attempt; runctl's proxy in
-        # verl's workers holds it too (host.TrialHost), read from Ray's runtime environment.
+        # verl's workers holds it too (host.TrialHost).
         env[verl_contract.REPLICA_KEY_ENV] = secrets.token_urlsafe(32)
         env.pop("RUNCTL_NATS_URL", None)
         if bus_url:
             env["RUNCTL_NATS_URL"] = bus_url  # the workers book their trials' sandboxes (host.TrialHost._book)
-        argv += worker_env_overrides(env)
-        (run_dir / "verl" / "command.json").write_text(json.dumps(argv, indent=1))
         if config.wandb_api_key:
-            env["WANDB_API_KEY"] = config.wandb_api_key  # verl's config reads it from here (runctl.verl)
+            env["WANDB_API_KEY"] = config.wandb_api_key
+        # Every actor of verl's gets these through Ray's runtime environment (runctl.verl.runtime_env_hook), never
+        # named on the command line or in a file.
+        env = verl_contract.driver_env(env, [*WORKER_ENV, verl_contract.REPLICA_KEY_ENV, "WANDB_API_KEY", "WANDB_MODE"])
+        (run_dir / "verl" / "command.json").write_text(json.dumps(argv, indent=1))
         out = (run_dir / LOG_FILE).open("ab")
         try:
             log.info("starting verl: %s", " ".join(argv[:3]))
@@ -144,7 +148,6 @@ class VerlEngine:
             out.close()
 
 
-RUNTIME_ENV = "ray_kwargs.ray_init.runtime_env.env_vars"
 #: What verl's workers need of the runner's environment: the bus, the home, and the sandbox deployment's settings.
 WORKER_ENV = (
     "RUNCTL_NATS_URL",
@@ -154,13 +157,6 @@ WORKER_ENV = (
     "RUNCTL_SANDBOX_SCOPE",
     "RUNCTL_SANDBOX_CGROUP",
 )
-
-
-def worker_env_overrides(env: dict[str, str]) -> list[str]:
-    """verl's agent-loop workers are Ray actors: they see the variables of Ray's runtime environment only. Each of
-    ``WORKER_ENV`` that ``env`` sets is named on the command line and read from the launched process's environment
-    when verl resolves its config (a password never on a command line)."""
-    return [f"+{RUNTIME_ENV}.{k}='${{oc.env:{k}}}'" for k in WORKER_ENV if env.get(k)]
 
 
 class Reader:
@@ -229,7 +225,9 @@ async def watch_replicas(ctx: RunContext, config: TrainConfig, proc: subprocess.
 
     while proc.poll() is None:
         try:
-            found = await asyncio.to_thread(ray_replica_addresses, config.ray_address)
+            found = await asyncio.to_thread(
+                ray_replica_addresses, config.ray_address, namespace=verl_contract.ray_namespace(ctx.run_id)
+            )
         except Exception as e:  # Ray busy or restarting: look again
             log.debug("looking for verl's servers: %s", e)
             found = {}

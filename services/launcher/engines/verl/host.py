@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,6 @@ from runctl.config.models import is_secret
 from runctl.events.payloads import Payload
 from runctl.layout import trial_folder
 from runctl.tasks import Task, load_task
-from runctl.verl import REPLICA_KEY_ENV
 from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import LoopSettings, TrialLoop
 from services.launcher.settings import LauncherSettings
@@ -122,8 +120,9 @@ class TrialHost:
             served_model=None,
             discover_ray=not self.upstreams,
             ray_address=None,
+            ray_namespace=self.namespace(),
             resend_aborted=True,
-            upstream_key=os.environ.get(REPLICA_KEY_ENV),  # verl's servers require it (runctl.verl.REPLICA_GUARD)
+            upstream_key=LauncherSettings.from_env().replica_key,  # verl's servers require it
         )
         await self.proxy.start()
         # verl's servers are up before its first rollout; a replica the proxy has not yet probed would answer 503.
@@ -191,8 +190,18 @@ class TrialHost:
             return None
         from services.proxy.library import ray_weight_versions
 
-        versions = await asyncio.to_thread(ray_weight_versions)
+        versions = await asyncio.to_thread(ray_weight_versions, namespace=self.namespace())
         return max(versions) if versions else None
+
+    def namespace(self) -> str | None:
+        """The Ray namespace of verl's job (its servers are named actors there; the runner names it,
+        ``runctl.verl.ray_namespace``), so that another run's ``vllm_server_*`` on the same cluster is never taken
+        for one of this run's; None outside Ray (server URLs given, as in tests)."""
+        if self.upstreams:
+            return None
+        import ray
+
+        return str(ray.get_runtime_context().namespace) if ray.is_initialized() else None
 
     def task(self, path: str) -> Task:
         if path not in self._tasks:
