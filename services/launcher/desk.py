@@ -204,7 +204,7 @@ class Desk:
         Raises:
             Refused: the ledger holds it for another run.
         """
-        held = (await self.sandboxes.entries()).get(sandbox_id)
+        held = await self.sandboxes.entry(sandbox_id)  # ValueError (refused) for an id that is not one key
         if held is not None and (held.team, held.run_id) != (team, run_id):
             raise Refused(f"sandbox {sandbox_id} is not one of run {run_id}'s")
         return held is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -43,6 +44,24 @@ class LedgerEntry:
     """The team seat it holds (given back when the entry goes)."""
 
 
+SANDBOX_ID = re.compile(r"[A-Za-z0-9_=/-]+(\.[A-Za-z0-9_=/-]+)*")
+
+
+def check_sandbox_id(sandbox_id: str) -> str:
+    """``sandbox_id`` when it names one key of the ledger: letters, digits, ``-_=/`` and single dots inside, never a
+    wildcard (``*``, ``>``) or an empty part, which would name other sandboxes' entries.
+
+    Raises:
+        ValueError: it does not.
+    """
+    if not SANDBOX_ID.fullmatch(sandbox_id):
+        raise ValueError(
+            f"sandbox id {sandbox_id[:80]!r} is not one ledger key: letters, digits, '-', '_', '=', '/' and single "
+            "dots between them"
+        )
+    return sandbox_id
+
+
 class SandboxLedger:
     def __init__(self, kv: KeyValue, js: JetStreamContext) -> None:
         self.kv = kv
@@ -65,13 +84,20 @@ class SandboxLedger:
     async def put(self, entry: LedgerEntry) -> None:
         await self.kv.put(f"sb.{entry.sandbox_id}", json.dumps(asdict(entry)).encode())
 
+    async def entry(self, sandbox_id: str) -> LedgerEntry | None:
+        """The ledger's entry of ``sandbox_id`` (one read, however many the ledger holds), or None.
+
+        Raises:
+            ValueError: ``sandbox_id`` is not one key of the ledger (see :func:`check_sandbox_id`).
+        """
+        value = await self._get(f"sb.{check_sandbox_id(sandbox_id)}")
+        return LedgerEntry(**json.loads(value)) if value is not None else None
+
     async def remove(self, sandbox_id: str) -> None:
         """Forget a sandbox, and give back the seat it held."""
-        value = await self._get(f"sb.{sandbox_id}")
-        if value is not None:
-            entry = LedgerEntry(**json.loads(value))
-            if entry.seat:
-                await self.release_seat(entry.team, entry.seat)
+        entry = await self.entry(sandbox_id)
+        if entry is not None and entry.seat:
+            await self.release_seat(entry.team, entry.seat)
         await self.kv.purge(f"sb.{sandbox_id}")
 
     async def take_seat(self, team: str, seat: str, owner: str) -> int:

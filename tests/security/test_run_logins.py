@@ -159,6 +159,15 @@ ATTACKS: dict[str, Attempt] = {
     "take over another run's sandbox entry through its own desk": lambda r: r.ask(
         TEAM, RUN, "book", {"entry": asdict(SandboxEntry(VICTIM_SANDBOX, "local", "/mine", "runner-nlp.r1.x"))}
     ),
+    "free every sandbox through its own desk with a wildcard id": lambda r: r.ask(
+        TEAM, RUN, "unbook", {"sandbox_id": "*"}
+    ),
+    "free every sandbox through its own desk with a tail wildcard": lambda r: r.ask(
+        TEAM, RUN, "unbook", {"sandbox_id": "a.>"}
+    ),
+    "book a wildcard sandbox entry through its own desk": lambda r: r.ask(
+        TEAM, RUN, "book", {"entry": asdict(SandboxEntry("*", "local", "/mine", desk_owner_prefix(TEAM, RUN) + "x"))}
+    ),
     "keep another run's sandbox owner alive through its own desk": lambda r: r.ask(
         TEAM, RUN, "beat", {"owner": desk_owner_prefix(VICTIM, VICTIM_RUN) + "host-1"}
     ),
