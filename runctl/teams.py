@@ -81,9 +81,7 @@ class Team:
 
     def nats_user(self) -> NatsUser:
         """Its login and account on the bus; the account's JetStream (its view of its events) holds ``events_mb``."""
-        return NatsUser(
-            self.name, self.nats_bcrypt, BusLimits(storage_bytes=(self.events_mb or DEFAULT_EVENTS_MB) * MIB)
-        )
+        return NatsUser(self.name, self.nats_bcrypt, BusLimits(storage_bytes=self.stream_limits().runs_max_bytes))
 
     def accepts(self, token: str) -> bool:
         """True when ``token`` is this team's (compared in constant time)."""

@@ -92,7 +92,7 @@ def team_list() -> None:
     """Every team with its quotas, weight and storage on the bus (never a token); '-' is no quota."""
     from rich.table import Table
 
-    from runctl.teams import quota_text
+    from runctl.teams import MIB, quota_text
 
     teams = run_sync(lambda: _registry_call(lambda r: r.all()))
     table = Table(box=None, pad_edge=False)
@@ -104,8 +104,8 @@ def team_list() -> None:
             team.name,
             *map(quota_text, (team.gpus, team.cpus, team.sandboxes)),
             f"{team.weight:g}",
-            str(limits.runs_max_bytes // 1024**2),
-            str(limits.trials_max_bytes // 1024**2),
+            str(limits.runs_max_bytes // MIB),
+            str(limits.trials_max_bytes // MIB),
         )
     new_console().print(table if teams else "no teams yet: `runctl team add NAME` adds one")
 
@@ -121,7 +121,7 @@ def team_set(
     trials_mb: TrialsOpt = None,
 ) -> None:
     """Change a team's quotas, weight or storage on the bus (its streams take a new bound at once)."""
-    from runctl.teams import quota_text
+    from runctl.teams import MIB, quota_text
 
     given = {"gpus": gpus, "cpus": cpus, "sandboxes": sandboxes, "weight": weight}
     changes = {
@@ -132,7 +132,7 @@ def team_set(
     team = run_sync(lambda: _registry_call(lambda r: r.update(name, **changes)))
     quotas = ", ".join(f"{k} {quota_text(getattr(team, k))}" for k in ("gpus", "cpus", "sandboxes"))
     limits = team.stream_limits()
-    storage = f"events {limits.runs_max_bytes // 1024**2} MiB, trials {limits.trials_max_bytes // 1024**2} MiB"
+    storage = f"events {limits.runs_max_bytes // MIB} MiB, trials {limits.trials_max_bytes // MIB} MiB"
     new_console().print(f"team {team.name}: {quotas}, weight {team.weight:g}, {storage}")
 
 

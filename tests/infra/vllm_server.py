@@ -23,6 +23,7 @@ import httpx
 
 from runctl import tinymodel
 from runctl.loopback import _die_with_parent
+from runctl.sdk import bearer
 from services.launcher.rollout.groupwatch import command_env
 from tests.conftest import ROOT, THREAD_ENV, free_port, wait_until
 from tests.infra.shared import locked
@@ -87,7 +88,7 @@ class VLLMServer:
     @property
     def headers(self) -> dict[str, str]:
         """What a request to it carries: its key."""
-        return {"Authorization": f"Bearer {self.key}"}
+        return bearer(self.key)
 
     def kill(self) -> None:
         """SIGKILL the server's process group, as in a crash."""

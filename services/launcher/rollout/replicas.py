@@ -30,6 +30,7 @@ import httpx
 from runctl.config import EvalConfig, RunConfig, TrainConfig
 from runctl.ports import free_port
 from runctl.replica_guard import runctl_replica_guard as guard
+from runctl.sdk import bearer
 from services.launcher.errors import EngineError
 from services.launcher.settings import LauncherSettings
 
@@ -40,11 +41,6 @@ POLL_S = 0.5
 #: The folder a replica's Python finds the key guard in (``--middleware runctl_replica_guard.RequireKey``).
 GUARD_DIR = Path(guard.__file__).parent
 GUARD_MIDDLEWARE = f"{guard.__name__.rsplit('.', 1)[1]}.{guard.RequireKey.__name__}"
-
-
-def key_headers(key: str) -> dict[str, str]:
-    """The header a request to a replica started with ``key`` carries."""
-    return {"Authorization": f"Bearer {key}"}
 
 
 def with_guard(pythonpath: str | None) -> str:
@@ -291,7 +287,7 @@ def _takes_key(http: httpx.Client, replica: Replica) -> bool:
     Raises:
         EngineError: it refuses the key (401): it was not started with it.
     """
-    reply = http.get(f"{replica.url}/v1/models", headers=key_headers(replica.key))
+    reply = http.get(f"{replica.url}/v1/models", headers=bearer(replica.key))
     if reply.status_code == 401:
         raise EngineError(
             f"vLLM replica {replica.name} at {replica.url} refuses the run's replica key (401): another server holds "

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from runctl.sdk import bearer
 from services.launcher.errors import EngineError
 from services.launcher.weights.base import SyncReport
 
@@ -50,7 +51,7 @@ class VllmReload:
         self.urls = list(urls)
         self.restart = restart
         self.restarts = 0
-        self.client = httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"})
+        self.client = httpx.AsyncClient(headers=bearer(key))
 
     async def sync(self, folder: Path, step: int) -> SyncReport:
         started = time.monotonic()
