@@ -61,6 +61,9 @@ from runctl.subjects import PREFIX, SYSTEM_PREFIX, _token, desk_prefix
 SERVICES_ACCOUNT = "RUNCTL"
 SERVICES_USER = "runctl"
 ADMIN_USER = "admin"
+#: nats-server's own account (its monitoring and control requests), with a user only where the operators ask for one.
+SYSTEM_ACCOUNT = "SYS"
+SYSTEM_USER = "system"
 #: bcrypt's cost for a password of 256 random bits (see above).
 BCRYPT_ROUNDS = 4
 #: Prefix of a team's copy of its runs' events (``view.runctl.<team>.<run>.<event>``).
@@ -146,18 +149,23 @@ class RunUser:
         return run_user(self.team, self.run_id)
 
     def entry(self) -> dict[str, object]:
-        own = f"{PREFIX}.{self.team}.{self.run_id}"
         return {
             "user": self.name,
             "password": self.password_hash,
-            "permissions": {
-                "publish": {
-                    "allow": [f"{own}.>", f"{desk_prefix(self.team, self.run_id)}.*"],
-                    "deny": [f"{own}.{event}" for event in LAUNCHER_ONLY],
-                },
-                "subscribe": {"allow": [f"{run_inbox(self.team, self.run_id)}.>"]},
-            },
+            "permissions": run_permissions(self.team, self.run_id),
         }
+
+
+def run_permissions(team: str, run_id: str) -> dict[str, dict[str, list[str]]]:
+    """What a run's login may publish and subscribe to, as the configuration and a user JWT both write it."""
+    own = f"{PREFIX}.{_token(team, 'team')}.{_token(run_id, 'run id')}"
+    return {
+        "publish": {
+            "allow": [f"{own}.>", f"{desk_prefix(team, run_id)}.*"],
+            "deny": [f"{own}.{event}" for event in LAUNCHER_ONLY],
+        },
+        "subscribe": {"allow": [f"{run_inbox(team, run_id)}.>"]},
+    }
 
 
 def run_user(team: str, run_id: str) -> str:
@@ -182,7 +190,7 @@ def team_subjects(team: str) -> list[str]:
     return [f"{own}.*.{name}" for name in authored_events()]
 
 
-def _team_account(team: NatsUser) -> dict[str, object]:
+def _team_account(team: NatsUser, with_user: bool = True) -> dict[str, object]:
     view = view_subject(f"{PREFIX}.{team.name}.>")
     imports: list[dict[str, object]] = [
         {"service": {"account": SERVICES_ACCOUNT, "subject": s}} for s in team_subjects(team.name)
@@ -190,7 +198,7 @@ def _team_account(team: NatsUser) -> dict[str, object]:
     imports.append({"stream": {"account": SERVICES_ACCOUNT, "subject": f"{PREFIX}.{team.name}.>"}, "to": view})
     return {
         "jetstream": team.limits.jetstream(),
-        "users": [{"user": team.name, "password": team.password_hash}],
+        "users": [{"user": team.name, "password": team.password_hash}] if with_user else [],
         "imports": imports,
         # The services make the team's view (and may inspect it); nothing of theirs is reachable from here.
         "exports": [{"service": "$JS.API.>", "accounts": [SERVICES_ACCOUNT]}],
@@ -222,14 +230,32 @@ def server_config(
     admin: NatsUser | None,
     teams: list[NatsUser],
     runs: list[RunUser] | None = None,
+    callout_issuer: str | None = None,
+    system: NatsUser | None = None,
 ) -> str:
     """``nats-server``'s configuration: JetStream at ``store_dir``, listening on ``listen`` (host:port), the
-    services' account (with the logins of the runs in ``runs``) and one account per team. JSON is valid NATS
-    configuration syntax, so values are written as JSON (no quoting of one's own)."""
-    accounts = {SERVICES_ACCOUNT: _services_account(services, admin, teams, runs or [])}
+    services' account (with the logins of the runs in ``runs``) and one account per team with its user. With
+    ``callout_issuer`` (an account's public nkey), the teams' and the runs' logins are not written but asked of the
+    services' auth callout (:mod:`runctl.callout`), which signs them with that key; the users written (the services',
+    the admin, the system user) log in as before. With ``system``, nats-server's system account gets that user (the
+    callout closes the connections of logins that went through it). JSON is valid NATS configuration syntax, so
+    values are written as JSON (no quoting of one's own)."""
+    asked = callout_issuer is not None
+    accounts: dict[str, object] = {
+        SERVICES_ACCOUNT: _services_account(services, admin, teams, [] if asked else runs or [])
+    }
     for team in teams:
-        accounts[team_account(team.name)] = _team_account(team)
-    config = {"listen": listen, "jetstream": {"store_dir": store_dir}, "accounts": accounts}
+        accounts[team_account(team.name)] = _team_account(team, with_user=not asked)
+    config: dict[str, object] = {"listen": listen, "jetstream": {"store_dir": store_dir}, "accounts": accounts}
+    if system is not None:
+        accounts[SYSTEM_ACCOUNT] = {"users": [{"user": system.name, "password": system.password_hash}]}
+        config["system_account"] = SYSTEM_ACCOUNT
+    if asked:
+        # Fixed users only: nats-server refuses to reload a changed callout block, and teams come and go.
+        written = [u.name for u in (services, admin, system) if u is not None]
+        config["authorization"] = {
+            "auth_callout": {"issuer": callout_issuer, "account": SERVICES_ACCOUNT, "auth_users": written}
+        }
     return "# Generated by runctl from its team registry; edits here are overwritten.\n" + json.dumps(config, indent=2)
 
 

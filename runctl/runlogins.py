@@ -3,10 +3,11 @@ says what it may do).
 
 The launcher issues one when it starts a run's runner (a fresh password each time, so a runner it gave up on is cut
 off when the next starts) and revokes it when the run ends. Both are writes to the ``runctl_run_logins`` key-value
-bucket (key ``<team>.<run>``, the bcrypt hash only): whoever applies the bus's configuration reads the bucket — the
-embedded stack's supervisor does (:class:`runctl.stack.TeamSync`), rewriting ``nats.conf`` and reloading
-nats-server, which then closes the connections of a login it no longer has. The launcher hands a login to a runner
-only once the bus accepts it (:func:`wait_accepted`).
+bucket (key ``<team>.<run>``, the bcrypt hash only), which the bus takes in one of two ways: the embedded stack's
+supervisor (:class:`runctl.stack.TeamSync`) rewrites ``nats.conf`` from it and reloads nats-server, which then closes
+the connections of a login it no longer has; a bus configured by ``runctl team nats-config --issuer-seed`` asks the
+launcher's auth callout (:mod:`runctl.callout`), which reads it at each connection. The launcher hands a login to a
+runner only once the bus accepts it (:func:`wait_accepted`).
 """
 
 from __future__ import annotations
@@ -39,15 +40,30 @@ async def issue(bus: Bus, team: str, run_id: str) -> Login:
     """A new login for the run (replacing any it had): recorded in the bucket for the bus to take."""
     password = secrets.token_urlsafe(32)
     login = Login(run_user(team, run_id), password, nats_hash(password))
+    await record(bus, team, run_id, login)
+    return login
+
+
+async def record(bus: Bus, team: str, run_id: str, login: Login) -> None:
+    """Record ``login`` as the run's (its hash only): the bus takes it from here."""
     kv = await open_bucket(bus.js, BUCKET)
     await kv.put(_key(team, run_id), json.dumps({"bcrypt": login.password_hash, "issued": time.time()}).encode())
-    return login
 
 
 async def revoke(bus: Bus, team: str, run_id: str) -> None:
     """Take the run's login back (nothing happens when it has none)."""
     kv = await open_bucket(bus.js, BUCKET)
     await kv.purge(_key(team, run_id))
+
+
+async def password_hash(bus: Bus, team: str, run_id: str) -> str | None:
+    """The bcrypt hash of the run's login now (None: none is issued)."""
+    kv = await open_bucket(bus.js, BUCKET)
+    try:
+        entry = await kv.get(_key(team, run_id))
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    return str(json.loads(entry.value)["bcrypt"]) if entry.value else None
 
 
 async def current(bus: Bus) -> list[RunUser]:
@@ -108,6 +124,8 @@ async def wait_accepted(url: str, login: Login, timeout_s: float = ACCEPT_TIMEOU
     raise BusError(
         f"the bus did not accept the login of run {run_id} of team {team} within {timeout_s:.0f}s (last: {last}). "
         "Fix: whatever applies the bus's configuration must read the run logins bucket "
-        f"({BUCKET}): the embedded stack's supervisor does (see logs/supervisor.log); on a bus runctl does not "
-        "configure, set RUNCTL_RUN_LOGINS=off on the launcher (its runners then use its own login)."
+        f"({BUCKET}): the embedded stack's supervisor does (see logs/supervisor.log). On a bus runctl does not "
+        "configure, write its configuration with `runctl team nats-config --issuer-seed FILE`, restart nats-server "
+        "and give the launcher RUNCTL_RUN_LOGIN_SEED_FILE=FILE (it answers the bus's auth callout), or set "
+        "RUNCTL_RUN_LOGINS=off (runners then use the launcher's login)."
     )

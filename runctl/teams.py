@@ -37,7 +37,7 @@ from runctl.tokens import TEAM_NAME, new_token, team_of_token, token_digest
 
 log = logging.getLogger(__name__)
 BUCKET = kv_bucket("teams")
-RESERVED = frozenset({"runctl", "admin", "default"})
+RESERVED = frozenset({"runctl", "admin", "default", "system"})  # the bus's own users, and the default team
 MIB = 1024**2
 #: A team's storage on the bus when it is given none: its RUNS stream (and its view) and its TRIALS ring, in MiB.
 DEFAULT_EVENTS_MB = StreamLimits().runs_max_bytes // MIB

@@ -303,6 +303,7 @@ class Services:
     home: Path
     tracker_port: int
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def tracker_url(self) -> str:
@@ -316,6 +317,7 @@ class Services:
             "RUNCTL_TRACKER_PORT": str(self.tracker_port),
             "RUNCTL_TRACKER_URL": self.tracker_url,
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
         }
 
     def start(self, name: str) -> subprocess.Popen[bytes]:

@@ -158,21 +158,38 @@ def team_nats_config(
     bootstrap: Annotated[
         bool, typer.Option(help="The services and the admin only, without the registry: the first start of the bus.")
     ] = False,
+    issuer_seed: Annotated[
+        Path | None,
+        typer.Option(
+            help="Take run logins from the launcher's auth callout, signed by the account key in this file (made, "
+            "mode 0600, when missing; give the launcher the same file as RUNCTL_RUN_LOGIN_SEED_FILE)."
+        ),
+    ] = None,
 ) -> None:
     """Write nats-server's configuration from the team registry: the services' account with its user (password from
     $RUNCTL_SERVICES_PASSWORD) and the admin (from $RUNCTL_ADMIN_PASSWORD), and one account per team with its user.
-    Reload nats-server twice after (SIGHUP): a removed team or a rotated token is cut off within seconds."""
+    Reload nats-server twice after (SIGHUP): a removed team or a rotated token is cut off within seconds. With
+    --issuer-seed, every other login is asked of the launcher (runctl.callout): each run's runner gets a login of its
+    own without the configuration changing (the first time, restart nats-server: an auth callout is not reloadable).
+    With $RUNCTL_SYSTEM_PASSWORD, nats-server's system account gets a user (`system`): given it as
+    RUNCTL_BUS_SYSTEM_URL, the launcher closes the connections of run logins it revoked."""
     import bcrypt
 
     from runctl.errors import RunctlError
-    from runctl.natsauth import ADMIN_USER, SERVICES_USER, NatsUser, server_config
+    from runctl.natsauth import ADMIN_USER, SERVICES_USER, SYSTEM_USER, NatsUser, server_config
+    from runctl.natsjwt import NKey
     from runctl.stackbus import write_private
+
+    SYSTEM_PASSWORD = "RUNCTL_SYSTEM_PASSWORD"
+
+    def _hashed(variable: str) -> str:
+        return bcrypt.hashpw(os.environ[variable].encode(), bcrypt.gensalt()).decode()
 
     passwords = {}
     for user, variable in ((SERVICES_USER, "RUNCTL_SERVICES_PASSWORD"), (ADMIN_USER, "RUNCTL_ADMIN_PASSWORD")):
         if not os.environ.get(variable):
             raise RunctlError(f"${variable} is not set, so the {user} user would have no password. Fix: set it.")
-        passwords[user] = bcrypt.hashpw(os.environ[variable].encode(), bcrypt.gensalt()).decode()
+        passwords[user] = _hashed(variable)
     teams = [] if bootstrap else run_sync(lambda: _registry_call(lambda r: r.all()))
     text = server_config(
         listen,
@@ -180,9 +197,12 @@ def team_nats_config(
         NatsUser(SERVICES_USER, passwords[SERVICES_USER]),
         NatsUser(ADMIN_USER, passwords[ADMIN_USER]),
         [t.nats_user() for t in teams],
+        callout_issuer=None if issuer_seed is None else NKey.load(issuer_seed, create=True).public,
+        system=NatsUser(SYSTEM_USER, _hashed(SYSTEM_PASSWORD)) if os.environ.get(SYSTEM_PASSWORD) else None,
     )
     write_private(out, text)
     new_console().print(
         f"wrote {out}: {len(teams)} team(s). Reload nats-server twice to apply it (kill -HUP <its pid>, twice: a "
         "team account added by a reload takes its imports at the next one)."
+        + ("" if issuer_seed is None else f" Run logins: the launcher answers with the key in {issuer_seed}.")
     )

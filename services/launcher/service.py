@@ -14,8 +14,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import nats
+
 from runctl import runlogins
 from runctl.bus import Bus, ConsumerSpec, each_event
+from runctl.callout import LoginCallout
 from runctl.config.models import RunConfig, TrainConfig
 from runctl.errors import ConfigError, EventError
 from runctl.events import (
@@ -30,6 +33,7 @@ from runctl.events import (
     RunSucceeded,
 )
 from runctl.events.payloads import RUNS_STREAM
+from runctl.natsjwt import NKey
 from runctl.service import ServiceRuntime
 from runctl.subjects import event_filter
 from runctl.teams import TeamRegistry
@@ -319,11 +323,25 @@ async def main(runtime: ServiceRuntime, settings: LauncherSettings) -> None:
     )
     desk = await Desk.open(bus, launcher.books)
     await desk.start()
+    callout = await open_callout(bus, settings)
     runtime.health_info(
-        lambda: {"active_runs": sorted(launcher.tasks), "pid": os.getpid(), "desk_refused": desk.refused}
+        lambda: {
+            "active_runs": sorted(launcher.tasks),
+            "pid": os.getpid(),
+            "desk_refused": desk.refused,
+            **(
+                {"logins_granted": callout.granted, "logins_refused": callout.refused, "logins_cut": callout.kicked}
+                if callout
+                else {}
+            ),
+        }
     )
 
     async def stop() -> None:
+        if callout is not None:
+            await callout.stop()
+            if callout.system is not None:
+                await callout.system.close()
         await desk.stop()
         await launcher.stop()
         await asyncio.to_thread(jobs.close)
@@ -335,6 +353,23 @@ async def main(runtime: ServiceRuntime, settings: LauncherSettings) -> None:
     # Quotas changed, another launcher's runs ended: look again now and then, until the service stops.
     runtime.spawn(_every(SCHEDULE_EVERY_S, launcher.schedule, runtime.stopping))
     await runtime.consume(CONSUMER, each_event(launcher.handle))
+
+
+async def open_callout(bus: Bus, settings: LauncherSettings) -> LoginCallout | None:
+    """The bus's auth callout for run logins, answered here when the launcher holds its issuer's seed."""
+    if settings.run_login_seed_file is None:
+        return None
+    system = None
+    if settings.bus_system_url:
+        system = await nats.connect(settings.bus_system_url, name="runctl-launcher-system", max_reconnect_attempts=-1)
+    callout = LoginCallout(bus, NKey.load(settings.run_login_seed_file), system)
+    await callout.start()
+    log.info(
+        "answering the bus's auth callout for run logins as %s (%s)",
+        callout.issuer.public,
+        "revoked logins' connections are closed" if system else "no system login: revoked logins' connections stay",
+    )
+    return callout
 
 
 async def revoke_stale_logins(bus: Bus, ledger: Ledger) -> int:

@@ -7,8 +7,10 @@ verl's workers) reads them from its own environment, which the launcher hands it
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from runctl.settings import ServiceSettings
 
@@ -46,9 +48,28 @@ class LauncherSettings(ServiceSettings):
     """Each runner connects with its run's own bus login (``runctl.runlogins``) instead of the launcher's. On where
     something applies the run logins bucket to the bus's configuration: the embedded stack's supervisor does, and
     sets it for its launcher."""
+    run_login_seed_file: Path | None = Field(None, validation_alias="RUNCTL_RUN_LOGIN_SEED_FILE")
+    """On a bus configured by ``runctl team nats-config --issuer-seed FILE``: that file (the auth callout's account
+    seed). The launcher then answers the bus's auth callout for the teams' and the runs' logins (``runctl.callout``);
+    needs ``RUNCTL_RUN_LOGINS=1``."""
+    bus_system_url: str | None = Field(None, validation_alias="RUNCTL_BUS_SYSTEM_URL")
+    """With the seed file: a login to the bus's system account (``nats://system:…@host:4222``, written by
+    ``runctl team nats-config`` when ``$RUNCTL_SYSTEM_PASSWORD`` is set). The launcher then closes every connection
+    it let in on a login that was revoked, replaced or rotated since; unset, such a connection stays open until its
+    client ends it."""
     nats_url: str | None = Field(None, validation_alias="RUNCTL_NATS_URL")
     """The bus a runner (and verl's workers) publish on and book sandboxes through; unset: a foreground run with
     none."""
+
+    @model_validator(mode="after")
+    def _callout_needs_run_logins(self) -> Self:
+        if self.run_login_seed_file is not None and not self.run_logins:
+            raise ValueError(
+                "RUNCTL_RUN_LOGIN_SEED_FILE is set, but RUNCTL_RUN_LOGINS is off: the launcher would answer the "
+                "bus's auth callout for run logins it never issues. Fix: set RUNCTL_RUN_LOGINS=1, or unset the seed "
+                "file."
+            )
+        return self
 
     @property
     def ray_auth_set(self) -> bool:

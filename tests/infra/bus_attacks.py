@@ -17,7 +17,7 @@ import json
 import socket
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nats
@@ -25,11 +25,14 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from runctl.bus.client import stream_configs
+from runctl.bus.kv import open_bucket
+from runctl.callout import LoginCallout
 from runctl.events import CancelRequested, new_event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
 from runctl.natsauth import (
     ADMIN_USER,
     SERVICES_USER,
+    SYSTEM_USER,
     VIEW_STREAM,
     NatsUser,
     nats_hash,
@@ -37,13 +40,15 @@ from runctl.natsauth import (
     team_api,
     view_subject,
 )
+from runctl.natsjwt import NKey
 from runctl.stack import nats_server_binary
 from runctl.subjects import team_stream
-from runctl.teams import BUCKET
+from runctl.teams import BUCKET, Team
 from tests.conftest import free_port, wait_until
 
 ATTACKER, VICTIM = "nlp", "vision"
 PASSWORDS = {SERVICES_USER: "services-secret", ADMIN_USER: "admin-secret", ATTACKER: "nlp-secret", VICTIM: "v-secret"}
+SYSTEM_PASSWORD = "system-secret"
 MARKER = b"vision-secret"
 VICTIM_EVENT = f"runctl.{VICTIM}.v-run.cancel.requested"
 OWN_EVENT = f"runctl.{ATTACKER}.n-run.cancel.requested"
@@ -61,20 +66,29 @@ class Bus:
         return f"nats://{login}127.0.0.1:{self.port}"
 
 
-def default_config(port: int, store: Path) -> dict[str, object]:
+def default_config(port: int, store: Path, callout_issuer: str | None = None) -> dict[str, object]:
     users = {name: NatsUser(name, nats_hash(PASSWORDS[name])) for name in PASSWORDS}
     text = server_config(
-        f"127.0.0.1:{port}", str(store), users[SERVICES_USER], users[ADMIN_USER], [users[ATTACKER], users[VICTIM]]
+        f"127.0.0.1:{port}",
+        str(store),
+        users[SERVICES_USER],
+        users[ADMIN_USER],
+        [users[ATTACKER], users[VICTIM]],
+        callout_issuer=callout_issuer,
+        system=NatsUser(SYSTEM_USER, nats_hash(SYSTEM_PASSWORD)) if callout_issuer else None,
     )
     return dict(json.loads(text[text.index("{") :]))
 
 
 @contextlib.contextmanager
-def nats_bus(folder: Path, edit: Callable[[dict[str, object]], None] = lambda _: None) -> Iterator[Bus]:
-    """A nats-server with runctl's configuration for two teams (after ``edit``), its streams made, the launcher's
-    durable consumer on RUNS, and one event of each team in it."""
+def nats_bus(
+    folder: Path, edit: Callable[[dict[str, object]], None] = lambda _: None, issuer: NKey | None = None
+) -> Iterator[Bus]:
+    """A nats-server with runctl's configuration for two teams (after ``edit``; with ``issuer``, the teams' and the
+    runs' logins asked of the launcher's auth callout, and the teams in the registry it reads), its streams made,
+    the launcher's durable consumer on RUNS, and one event of each team in it."""
     port = free_port()
-    config = default_config(port, folder / "js")
+    config = default_config(port, folder / "js", issuer.public if issuer else None)
     edit(config)
     (folder / "nats.conf").write_text(json.dumps(config))
     bus = Bus(port, folder / "nats.log")
@@ -89,14 +103,14 @@ def nats_bus(folder: Path, edit: Callable[[dict[str, object]], None] = lambda _:
                 return sock.connect_ex(("127.0.0.1", port)) == 0
 
         wait_until(listening, 10, "nats-server")
-        asyncio.run(_prepare(bus))
+        asyncio.run(_prepare(bus, issuer))
         yield bus
     finally:
         proc.terminate()
         proc.wait(10)
 
 
-async def _prepare(bus: Bus) -> None:
+async def _prepare(bus: Bus, issuer: NKey | None) -> None:
     services = await nats.connect(bus.url(SERVICES_USER))
     js = services.jetstream()
     for config in stream_configs(teams=(VICTIM, ATTACKER)):
@@ -107,13 +121,22 @@ async def _prepare(bus: Bus) -> None:
     maker = await RunctlBus.connect(bus.url(SERVICES_USER))
     for team in (VICTIM, ATTACKER):  # the services make each team's view, as the stack does
         await maker.ensure_view(team)
-    await maker.close()
+    callout = None
+    if issuer is not None:  # the teams as `runctl team add` records them, their tokens the passwords here
+        registry = await open_bucket(maker.js, BUCKET)
+        for team in (VICTIM, ATTACKER):
+            await registry.put(team, json.dumps(asdict(Team(team).with_token(PASSWORDS[team]))).encode())
+        callout = LoginCallout(maker, issuer)
+        await callout.start()
     attacker = await RunctlBus.connect(bus.url(ATTACKER))
     attacker.team = ATTACKER  # as a token's login is: its own events are copied into its view
     await attacker.publish(
         new_event(CancelRequested(requested_by=ATTACKER), team=ATTACKER, run_id="n-run", source="/nlp")
     )
     await attacker.close()
+    if callout is not None:
+        await callout.stop()
+    await maker.close()
     await js.publish(VICTIM_EVENT, b'{"secret": "' + MARKER + b'"}')
     await services.close()
 

@@ -4,6 +4,7 @@ submits and watches its runs with its token alone."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -153,3 +154,87 @@ def test_a_team_user_can_submit_and_watch_its_run_to_the_end(
         assert names.count("trial.finished") == 32
     finally:
         services.stop_all()
+
+
+def test_a_bus_configured_with_an_issuer_asks_the_launcher_for_team_and_run_logins(tmp_path: Path) -> None:
+    """As a shared cluster's operators set it up (deploy/nats/README.md): `runctl team nats-config --issuer-seed`
+    makes the key and the callout's configuration, with a system user; the launcher is given the key and the system
+    login. A team added later takes a reload (the callout's block does not change), never a restart; its token logs
+    in through the launcher, and a rotation closes the connection that used the old one. A run's login is taken
+    once issued, with no edit of the configuration; a wrong password and a revoked login are refused."""
+    port, seed = free_port(), tmp_path / "callout.seed"
+    conf, home = tmp_path / "nats.conf", tmp_path / "home"
+    home.mkdir()
+    bus = f"nats://127.0.0.1:{port}"
+    admin, services_url = url(port, "admin", "admin-pw"), url(port, "runctl", "svc-pw")
+    where = ["--out", str(conf), "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "js")]
+    where += ["--issuer-seed", str(seed)]
+    os.environ["RUNCTL_SYSTEM_PASSWORD"] = "sys-pw"  # _runctl passes the environment on
+    try:
+        _runctl("team", "nats-config", "--bootstrap", *where, nats_url=admin, home=home)
+    finally:
+        del os.environ["RUNCTL_SYSTEM_PASSWORD"]
+    assert seed.stat().st_mode & 0o777 == 0o600 and seed.read_text().startswith("SA")
+    with (tmp_path / "nats.log").open("wb") as log:
+        proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    launcher = Services(services_url, home, free_port())
+    launcher.extra_env = {
+        "RUNCTL_RUN_LOGINS": "1",
+        "RUNCTL_RUN_LOGIN_SEED_FILE": str(seed),
+        "RUNCTL_BUS_SYSTEM_URL": url(port, "system", "sys-pw"),
+    }
+    try:
+        wait_until(lambda: asyncio.run(login_refused(services_url)) == "", 10, "the nats-server with a callout")
+        launcher.start("launcher")
+        token = _runctl("team", "add", "nlp", "--gpus", "8", nats_url=admin, home=home).split("RUNCTL_TOKEN=")[1]
+        token = token.split()[0]
+        os.environ["RUNCTL_SYSTEM_PASSWORD"] = "sys-pw"
+        try:
+            _runctl("team", "nats-config", *where, nats_url=admin, home=home)
+        finally:
+            del os.environ["RUNCTL_SYSTEM_PASSWORD"]
+        for reloads in (1, 2):
+            proc.send_signal(signal.SIGHUP)
+            wait_until(lambda n=reloads: _reloads(tmp_path / "nats.log") == n, 10, f"nats-server's reload {reloads}")
+        assert "Failed to reload" not in (tmp_path / "nats.log").read_text()
+
+        async def go() -> dict[str, object]:
+            from runctl import runlogins
+            from runctl.subjects import health_subject
+
+            services = await Bus.connect(services_url)
+            seen: dict[str, object] = {}
+            try:
+                team = await Bus.connect(url(port, "nlp", token), reconnect=False)
+                await services.ensure_streams(teams=["nlp"])
+                await _publish_as(port, "nlp", token, "nlp")  # a team's submission path, through the callout
+                login = await runlogins.issue(services, "nlp", "r-1")
+                await runlogins.wait_accepted(bus, login, timeout_s=10)
+                seen["run"] = await login_refused(bus, user=login.user, password=login.password)
+                seen["wrong"] = await login_refused(bus, user=login.user, password="guess")
+                await runlogins.revoke(services, "nlp", "r-1")
+                seen["revoked"] = await login_refused(bus, user=login.user, password=login.password)
+                rotated = _runctl("team", "rotate", "nlp", nats_url=admin, home=home).split("RUNCTL_TOKEN=")[1]
+                for _ in range(100):
+                    if team.nc.is_closed:
+                        break
+                    await asyncio.sleep(0.1)
+                seen["old token's connection closed"] = team.nc.is_closed
+                await team.close()
+                seen["old token"] = await login_refused(url(port, "nlp", token))
+                seen["new token"] = await login_refused(url(port, "nlp", rotated.split()[0]))
+                health = json.loads((await services.nc.request(health_subject("launcher"), b"", timeout=5)).data)
+                seen |= {k: v for k, v in health.items() if k.startswith("logins_")}
+            finally:
+                await services.close()
+            return seen
+
+        seen = asyncio.run(go())
+        assert seen.pop("run") == "" and seen.pop("new token") == ""
+        refused = {k: "Authorization" in str(seen.pop(k)) for k in ("wrong", "revoked", "old token")}
+        assert refused == dict.fromkeys(refused, True)
+        assert seen["old token's connection closed"] is True and seen["logins_cut"] == 1
+    finally:
+        launcher.stop_all()
+        proc.terminate()
+        proc.wait(10)

@@ -8,6 +8,7 @@ is accepted once issued and cut off when revoked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict
@@ -20,10 +21,12 @@ import pytest
 from runctl import runlogins
 from runctl.bus import Bus
 from runctl.bus.kv import bucket_keys, open_bucket
+from runctl.callout import CALLOUT_SUBJECT, LoginCallout
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
 from runctl.home import read_stack_state
-from runctl.natsauth import SERVICES_USER, RunUser, nats_hash, run_inbox, run_user
-from runctl.stackbus import stack_logins
+from runctl.natsauth import SERVICES_USER, SYSTEM_USER, RunUser, nats_hash, run_inbox, run_user
+from runctl.natsjwt import NKey
+from runctl.stackbus import Login, stack_logins
 from runctl.subjects import desk_subject, team_stream
 from services.launcher.carry.books import Books
 from services.launcher.desk import Desk, desk_owner_prefix
@@ -33,9 +36,9 @@ from services.launcher.ledger import Ledger, LedgerEntry
 from services.sandbox.ledger import BUCKET as SANDBOXES
 from services.sandbox.ledger import LedgerEntry as SandboxEntry
 from services.sandbox.ledger import SandboxLedger
-from tests.conftest import login_refused, wait_until
+from tests.conftest import async_wait_until, login_refused, wait_until
 from tests.e2e.conftest import Cli, cli, stack  # noqa: F401  (fixtures: a real embedded stack)
-from tests.infra.bus_attacks import MARKER, VICTIM, VICTIM_EVENT, nats_bus
+from tests.infra.bus_attacks import MARKER, SYSTEM_PASSWORD, VICTIM, VICTIM_EVENT, nats_bus
 from tests.infra.bus_attacks import Bus as NatsBus
 
 pytestmark = pytest.mark.integration
@@ -53,10 +56,51 @@ def with_run_users(config: dict[str, Any]) -> None:
     users.append(RunUser(TEAM, SIBLING, nats_hash("r2-secret")).entry())
 
 
-@pytest.fixture(scope="module")
-def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsBus]:
-    with nats_bus(tmp_path_factory.mktemp("bus"), with_run_users) as server:
+#: The auth callout's issuer on the bus that asks the launcher for run logins (runctl.callout).
+ISSUER = NKey.create()
+CALLOUT_BUSES: set[int] = set()
+
+
+async def record_run_logins(bus: NatsBus) -> None:
+    """The launcher's records of r1's and r2's logins, as it makes them when it starts their runners."""
+    services = await Bus.connect(bus.url(SERVICES_USER), as_team=False)
+    try:
+        for run, password in ((RUN, PASSWORD), (SIBLING, "r2-secret")):
+            await runlogins.record(services, TEAM, run, Login(run_user(TEAM, run), password, nats_hash(password)))
+    finally:
+        await services.close()
+
+
+@pytest.fixture(scope="module", params=["configured", "callout"])
+def bus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsBus]:
+    """The bus in either way it takes run logins: written into its configuration (the embedded stack), or asked of
+    the launcher's auth callout (a bus runctl does not configure)."""
+    if request.param == "configured":
+        with nats_bus(tmp_path_factory.mktemp("bus"), with_run_users) as server:
+            yield server
+        return
+    with nats_bus(tmp_path_factory.mktemp("bus"), issuer=ISSUER) as server:
+        CALLOUT_BUSES.add(server.port)
+        asyncio.run(record_run_logins(server))
         yield server
+
+
+@contextlib.asynccontextmanager
+async def answering(bus: NatsBus) -> AsyncIterator[LoginCallout | None]:
+    """The launcher's auth callout on the services' login, where the bus asks one."""
+    if bus.port not in CALLOUT_BUSES:
+        yield None
+        return
+    services = await Bus.connect(bus.url(SERVICES_USER), as_team=False)
+    system = await nats.connect(f"nats://{SYSTEM_USER}:{SYSTEM_PASSWORD}@127.0.0.1:{bus.port}")
+    callout = LoginCallout(services, ISSUER, system)
+    await callout.start()
+    try:
+        yield callout
+    finally:
+        await callout.stop()
+        await system.close()
+        await services.close()
 
 
 def run_url(bus: NatsBus) -> str:
@@ -78,7 +122,8 @@ async def desk(bus: NatsBus) -> AsyncIterator[Desk]:
     await sandboxes.heartbeat(owner)
     desk = await Desk.open(services, Books(services, ledger, "/runctl/launcher"))
     await desk.start()
-    yield desk
+    async with answering(bus):
+        yield desk
     await desk.stop()
     await services.close()
 
@@ -275,12 +320,130 @@ async def test_a_restarted_launcher_revokes_the_logins_of_runs_that_ended_meanwh
     services = await Bus.connect(bus.url(SERVICES_USER), as_team=False)
     try:
         ledger = await Ledger.open(services)
+        held = await runlogins.current(services)  # r1's and r2's where the launcher answers the bus: still active
+        for user in held:
+            await ledger.put(user.run_id, LedgerEntry(team=user.team, state="active"))
         await ledger.put("live-run", LedgerEntry(team=TEAM, state="active"))
         await ledger.put("done-run", LedgerEntry(team=TEAM, state="ended", outcome="run.succeeded"))
         await ledger.put("theirs", LedgerEntry(team=VICTIM, state="active"))
         for run in ("live-run", "done-run", "theirs", "never-admitted"):
             await runlogins.issue(services, TEAM, run)
         assert await revoke_stale_logins(services, ledger) == 3
-        assert [u.name for u in await runlogins.current(services)] == [run_user(TEAM, "live-run")]
+        left = [u.name for u in await runlogins.current(services)]
+        assert left == sorted([run_user(TEAM, "live-run")] + [u.name for u in held])
     finally:
         await services.close()
+
+
+#: The attacks on the auth callout itself, on the bus that has one.
+on_the_callout_bus = pytest.mark.parametrize("bus", ["callout"], indirect=True)
+
+
+async def _grant_anyone(bus: NatsBus, heard: list[bytes]) -> nats.NATS:
+    """Team nlp's own answerer on the callout's subject: it grants every login it hears, signed by a key of its
+    own."""
+    from runctl import natsjwt
+
+    forger = NKey.create()
+    nc = await nats.connect(bus.url(TEAM))
+
+    async def grant(msg: Any) -> None:
+        heard.append(msg.data)
+        asked = natsjwt.decode(msg.data.decode())["nats"]
+        claims = {"sub": asked["user_nkey"], "aud": "RUNCTL", "nats": {"type": "user", "version": 2}}
+        user = natsjwt.encode(claims, forger)
+        body = {"jwt": user, "type": "authorization_response", "version": 2}
+        answer = natsjwt.encode({"sub": asked["user_nkey"], "aud": asked["server_id"]["id"], "nats": body}, forger)
+        await msg.respond(answer.encode())
+
+    await nc.subscribe(CALLOUT_SUBJECT, cb=grant)
+    await nc.flush()
+    return nc
+
+
+@on_the_callout_bus
+async def test_the_callout_refuses_a_run_login_it_did_not_issue(bus: NatsBus) -> None:
+    """Wrong password, a run that has no login, a name that is no run's, a team's token as a run's password, a
+    login replaced by the next runner's and one revoked: each refused by the launcher's callout, while the login it
+    issued is taken."""
+    url = f"nats://127.0.0.1:{bus.port}"
+    async with answering(bus) as callout:
+        assert callout is not None
+        services = callout.bus
+        login = await runlogins.issue(services, TEAM, "r3")
+        assert await login_refused(url, user=login.user, password=login.password) == ""
+        replaced = await runlogins.issue(services, TEAM, "r3")  # a new runner: the one given up on is cut off
+        tries = {
+            "wrong password": (run_user(TEAM, RUN), "r1-guess"),
+            "a run with no login": (run_user(VICTIM, "v-run"), PASSWORD),
+            "not a run's name": ("launcher", PASSWORD),
+            "a team's token as a run's password": (run_user(VICTIM, "v-run"), "v-secret"),
+            "the replaced login": (login.user, login.password),
+        }
+        refused = {what: await login_refused(url, user=u, password=p) for what, (u, p) in tries.items()}
+        assert await login_refused(url, user=replaced.user, password=replaced.password) == ""
+        await runlogins.revoke(services, TEAM, "r3")
+        refused["the revoked login"] = await login_refused(url, user=replaced.user, password=replaced.password)
+        assert {what: "Authorization" in why for what, why in refused.items()} == dict.fromkeys(refused, True)
+        assert callout.refused == len(refused) and callout.granted == 2
+
+
+@on_the_callout_bus
+async def test_a_team_cannot_answer_the_callout_for_itself(bus: NatsBus) -> None:
+    """Team nlp (let in by the launcher) subscribes to the callout's subject in its own account and grants every
+    login; then the launcher stops answering. nats-server asks only the services' account, so nlp hears no request
+    (no password) and no login is let in."""
+    heard: list[bytes] = []
+    async with answering(bus):
+        forger = await _grant_anyone(bus, heard)
+    try:
+        why = await login_refused(f"nats://127.0.0.1:{bus.port}", user=run_user(VICTIM, "v-run"), password="any")
+    finally:
+        await forger.close()
+    assert why != "" and heard == []  # refused: no answer comes within the server's (and the client's) 2 s
+
+
+@on_the_callout_bus
+async def test_a_runner_cannot_hear_other_runs_logins(bus: NatsBus) -> None:
+    """r1's runner subscribes to the callout's subject (in the services' account, where its login lives) while r2's
+    runner logs in: its login may not subscribe there, so r2's password never reaches it."""
+    heard: list[bytes] = []
+    async with answering(bus):
+        nc = await nats.connect(run_url(bus), inbox_prefix=run_inbox(TEAM, RUN), error_cb=_ignore)
+
+        async def hear(msg: Any) -> None:
+            heard.append(msg.data)
+
+        try:
+            await nc.subscribe(CALLOUT_SUBJECT, cb=hear)
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=2)
+            url = f"nats://127.0.0.1:{bus.port}"
+            assert await login_refused(url, user=run_user(TEAM, SIBLING), password="r2-secret") == ""
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=2)
+        finally:
+            await nc.close()
+    assert heard == []
+
+
+@on_the_callout_bus
+async def test_the_launcher_closes_a_revoked_or_replaced_logins_connection(bus: NatsBus) -> None:
+    """A runner the launcher gave up on keeps its connection open: when the next runner's login replaces its login,
+    the launcher has nats-server close that connection; the next runner's stays until the run's login is revoked."""
+    url = f"nats://127.0.0.1:{bus.port}"
+
+    async def runner(login: Login) -> nats.NATS:
+        return await nats.connect(
+            login.url(url), inbox_prefix=run_inbox(TEAM, "r4"), allow_reconnect=False, error_cb=_ignore
+        )
+
+    async with answering(bus) as callout:
+        assert callout is not None
+        first = await runner(await runlogins.issue(callout.bus, TEAM, "r4"))
+        second = await runner(await runlogins.issue(callout.bus, TEAM, "r4"))
+        await async_wait_until(lambda: first.is_closed, 10, "the replaced login's connection to be closed")
+        assert not second.is_closed and callout.kicked == 1
+        await runlogins.revoke(callout.bus, TEAM, "r4")
+        await async_wait_until(lambda: second.is_closed, 10, "the revoked login's connection to be closed")
+        assert callout.kicked == 2 and callout.let_in.get((TEAM, "r4")) is None
