@@ -23,7 +23,7 @@ So a team cannot name, list, read, pull from, update or delete anything of the s
 team, whatever its requests say: those requests reach only its own account's JetStream. A push consumer it makes
 delivers only onto subjects of its own account, and the only subjects there that leave it are its own authorable
 events — exactly what it may publish anyway. Its account's JetStream is bounded (:class:`BusLimits`: storage, one
-stream, a number of consumers), so a team fills only its own view.
+stream, and the consumers the team's quota gives), so a team fills only its own view.
 
 Nothing of the services' account is imported by a team account: a team account that imported any part of the
 services' JetStream API could have a push consumer deliver a body it wrote onto that import (deliveries are not

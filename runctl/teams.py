@@ -42,7 +42,8 @@ MIB = 1024**2
 #: A team's storage on the bus when it is given none: its RUNS stream (and its view) and its TRIALS ring, in MiB.
 DEFAULT_EVENTS_MB = StreamLimits().runs_max_bytes // MIB
 DEFAULT_TRIALS_MB = StreamLimits().trials_max_bytes // MIB
-QUOTA_KEYS = ("gpus", "cpus", "sandboxes", "weight", "events_mb", "trials_mb")
+DEFAULT_CONSUMERS = BusLimits().consumers
+QUOTA_KEYS = ("gpus", "cpus", "sandboxes", "weight", "events_mb", "trials_mb", "consumers")
 
 
 class TeamError(RunctlError):
@@ -58,6 +59,7 @@ class Team:
     weight: float = 1.0
     events_mb: int | None = None  # None: DEFAULT_EVENTS_MB (a stream is always bounded)
     trials_mb: int | None = None  # None: DEFAULT_TRIALS_MB
+    consumers: int | None = None  # None: DEFAULT_CONSUMERS (an account's consumers are always bounded)
     token_sha256: str = ""
     nats_bcrypt: str = ""
     created: float = 0.0
@@ -80,8 +82,10 @@ class Team:
         )
 
     def nats_user(self) -> NatsUser:
-        """Its login and account on the bus; the account's JetStream (its view of its events) holds ``events_mb``."""
-        return NatsUser(self.name, self.nats_bcrypt, BusLimits(storage_bytes=self.stream_limits().runs_max_bytes))
+        """Its login and account on the bus; the account's JetStream (its view of its events) holds ``events_mb`` and
+        at most ``consumers`` consumers (each watch of a run holds one while it lasts)."""
+        limits = BusLimits(self.stream_limits().runs_max_bytes, consumers=self.consumers or DEFAULT_CONSUMERS)
+        return NatsUser(self.name, self.nats_bcrypt, limits)
 
     def accepts(self, token: str) -> bool:
         """True when ``token`` is this team's (compared in constant time)."""
@@ -147,12 +151,13 @@ class TeamRegistry:
         weight: float = 1.0,
         events_mb: float | None = None,
         trials_mb: float | None = None,
+        consumers: float | None = None,
     ) -> tuple[Team, str]:
         """A new team and its token (the only time the token exists outside its holder). A quota not given (or
         ``inf``) is no quota: the team may use what the cluster has free. Its storage on the bus (``events_mb``,
-        ``trials_mb``) is always bounded: not given, the defaults."""
+        ``trials_mb``) and its account's ``consumers`` are always bounded: not given, the defaults."""
         check_name(name)
-        quotas = _quotas(gpus, cpus, sandboxes, weight, events_mb, trials_mb)
+        quotas = _quotas(gpus, cpus, sandboxes, weight, events_mb, trials_mb, consumers)
         token = new_token(name)
         team = Team(name, **quotas, created=time.time()).with_token(token)  # type: ignore[arg-type]
         kv = await self._bucket()
@@ -240,15 +245,17 @@ def _quotas(
     weight: float,
     events_mb: float | None = None,
     trials_mb: float | None = None,
+    consumers: float | None = None,
 ) -> dict[str, float | int | None]:
     """The registry's form of a team's quotas (``None`` for none: not given, or ``inf``) and storage (``None``: the
     default), checked."""
-    storage = {"events_mb": events_mb, "trials_mb": trials_mb}
+    storage = {"events_mb": events_mb, "trials_mb": trials_mb, "consumers": consumers}
     wrong = [f"{k}={v:g}" for k, v in storage.items() if v is not None and not (math.isfinite(v) and v == int(v) >= 1)]
     if wrong:
         raise TeamError(
-            f"a team's storage on the bus is a whole number of MiB, at least 1 (got {', '.join(wrong)}); it is always "
-            f"bounded. Fix: give events_mb and trials_mb in MiB (defaults {DEFAULT_EVENTS_MB} and {DEFAULT_TRIALS_MB})."
+            f"a team's storage on the bus and its consumers there are whole numbers, at least 1 (got "
+            f"{', '.join(wrong)}); they are always bounded. Fix: give events_mb and trials_mb in MiB (defaults "
+            f"{DEFAULT_EVENTS_MB} and {DEFAULT_TRIALS_MB}) and consumers as a count (default {DEFAULT_CONSUMERS})."
         )
     given = {"gpus": gpus, "cpus": cpus, "sandboxes": sandboxes}
     bad = [f"{k}={v:g}" for k, v in given.items() if v is not None and (math.isnan(v) or v < 0)]

@@ -47,6 +47,15 @@ TrialsOpt = Annotated[
     ),
 ]
 
+ConsumersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--consumers",
+        help="Consumers the team's account may hold on the bus at once (each watch of a run holds one while it "
+        "lasts); one more is refused. Not given: 64.",
+    ),
+]
+
 TeamArg = Annotated[str, typer.Argument(help="The team's name.", show_default=False)]
 
 
@@ -79,10 +88,11 @@ def team_add(
     weight: WeightOpt = 1.0,
     events_mb: EventsOpt = None,
     trials_mb: TrialsOpt = None,
+    consumers: ConsumersOpt = None,
 ) -> None:
     """Add a team with its quotas, weight and storage on the bus; prints its token once."""
     team, token = run_sync(
-        lambda: _registry_call(lambda r: r.add(name, gpus, cpus, sandboxes, weight, events_mb, trials_mb))
+        lambda: _registry_call(lambda r: r.add(name, gpus, cpus, sandboxes, weight, events_mb, trials_mb, consumers))
     )
     _print_token(team.name, token, "added")
 
@@ -96,7 +106,7 @@ def team_list() -> None:
 
     teams = run_sync(lambda: _registry_call(lambda r: r.all()))
     table = Table(box=None, pad_edge=False)
-    for column in ("team", "gpus", "cpus", "sandboxes", "weight", "events MiB", "trials MiB"):
+    for column in ("team", "gpus", "cpus", "sandboxes", "weight", "events MiB", "trials MiB", "consumers"):
         table.add_column(column)
     for team in teams:
         limits = team.stream_limits()
@@ -106,6 +116,7 @@ def team_list() -> None:
             f"{team.weight:g}",
             str(limits.runs_max_bytes // MIB),
             str(limits.trials_max_bytes // MIB),
+            str(team.nats_user().limits.consumers),
         )
     new_console().print(table if teams else "no teams yet: `runctl team add NAME` adds one")
 
@@ -119,20 +130,24 @@ def team_set(
     weight: Annotated[float | None, typer.Option(help="The team's fair share against the others'.")] = None,
     events_mb: EventsOpt = None,
     trials_mb: TrialsOpt = None,
+    consumers: ConsumersOpt = None,
 ) -> None:
-    """Change a team's quotas, weight or storage on the bus (its streams take a new bound at once)."""
+    """Change a team's quotas, weight, storage or consumers on the bus (its streams take a new bound at once, its
+    account once the bus's configuration is applied: at once on the embedded stack)."""
     from runctl.teams import MIB, quota_text
 
     given = {"gpus": gpus, "cpus": cpus, "sandboxes": sandboxes, "weight": weight}
-    changes = {
-        k: float(v) for k, v in (given | {"events_mb": events_mb, "trials_mb": trials_mb}).items() if v is not None
-    }
+    bus = {"events_mb": events_mb, "trials_mb": trials_mb, "consumers": consumers}
+    changes = {k: float(v) for k, v in (given | bus).items() if v is not None}
     if not changes:
-        raise typer.BadParameter("give at least one of --gpus, --cpus, --sandboxes, --weight, --events-mb, --trials-mb")
+        raise typer.BadParameter(
+            "give at least one of --gpus, --cpus, --sandboxes, --weight, --events-mb, --trials-mb, --consumers"
+        )
     team = run_sync(lambda: _registry_call(lambda r: r.update(name, **changes)))
     quotas = ", ".join(f"{k} {quota_text(getattr(team, k))}" for k in ("gpus", "cpus", "sandboxes"))
     limits = team.stream_limits()
     storage = f"events {limits.runs_max_bytes // MIB} MiB, trials {limits.trials_max_bytes // MIB} MiB"
+    storage += f", consumers {team.nats_user().limits.consumers}"
     new_console().print(f"team {team.name}: {quotas}, weight {team.weight:g}, {storage}")
 
 

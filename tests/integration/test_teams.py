@@ -75,7 +75,7 @@ async def test_a_teams_storage_bounds_its_streams_and_is_never_lowered_below_wha
         assert (runs.config.max_bytes, trials.config.max_bytes) == (MIB, 2 * MIB)
         assert team.nats_user().limits.storage_bytes == MIB  # its account's view of its events
         for wrong in (0, 1.5, math.inf, -3):
-            with pytest.raises(TeamError, match="whole number of MiB, at least 1"):
+            with pytest.raises(TeamError, match="whole numbers, at least 1"):
                 await registry.update("storage", events_mb=wrong)
         await registry.update("storage", events_mb=3)
         info = await bus.js.stream_info("RUNS_storage")
@@ -113,6 +113,9 @@ def test_the_team_commands_print_the_token_once_and_never_list_it(nats_server: N
     assert "events 64 MiB, trials 96 MiB" in stored.stdout, stored.stdout + stored.stderr
     refused = runctl("set", "vision", "--events-mb", "0")
     assert refused.returncode == 1 and "at least 1" in refused.stderr
+    assert runctl("set", "vision", "--consumers", "8").stdout.rstrip().endswith("consumers 8")
+    refused = runctl("set", "vision", "--consumers", "0")
+    assert refused.returncode == 1 and "consumers as a count" in refused.stderr
     again = runctl("add", "vision")
     assert again.returncode == 1 and "exists already" in again.stderr and "runctl team set vision" in again.stderr
     rotated = runctl("rotate", "vision")

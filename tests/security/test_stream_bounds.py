@@ -6,18 +6,22 @@ are taken, and none of its ids is a duplicate of the attacker's."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import nats
+import nats.js.errors
 import pytest
+from nats.js import api
 
 from runctl.bus import Bus, StreamLimits
 from runctl.errors import PublishError
 from runctl.events import CancelRequested, CheckpointSaved, TrialFinished, new_event
 from runctl.events.payloads import RUNS_STREAM, TRIALS_STREAM
-from runctl.natsauth import SERVICES_USER, RunUser, nats_hash, run_user
+from runctl.natsauth import SERVICES_USER, VIEW_STREAM, RunUser, nats_hash, run_user, team_account
 from runctl.subjects import team_stream
+from runctl.teams import Team
 from tests.infra.bus_attacks import ATTACKER, VICTIM, nats_bus
 from tests.infra.bus_attacks import Bus as NatsBus
 
@@ -115,3 +119,31 @@ async def test_an_event_id_copied_from_the_victim_does_not_make_its_event_a_dupl
     finally:
         await attacker.close()
         await services.close()
+
+
+def with_few_consumers(config: dict[str, Any]) -> None:
+    """The attacker's account as `runctl team add nlp --consumers 3` writes it."""
+    config["accounts"][team_account(ATTACKER)]["jetstream"] = Team(ATTACKER, consumers=3).nats_user().limits.jetstream()
+
+
+def test_a_team_holds_no_more_consumers_than_its_quota(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Team nlp, allowed 3 consumers, opens watches of its view until the bus refuses: it holds 3, and vision's
+    account still opens its six."""
+
+    async def open_until_refused(url: str) -> int:
+        nc = await nats.connect(url)
+        js, opened = nc.jetstream(), 0
+        try:
+            for _ in range(6):
+                try:
+                    await js.add_consumer(VIEW_STREAM, api.ConsumerConfig(ack_policy=api.AckPolicy.NONE))
+                except nats.js.errors.APIError:
+                    break
+                opened += 1
+        finally:
+            await nc.close()
+        return opened
+
+    with nats_bus(tmp_path_factory.mktemp("bus"), with_few_consumers) as server:
+        held = [asyncio.run(open_until_refused(server.url(who))) for who in (ATTACKER, VICTIM)]
+    assert held == [3, 6]

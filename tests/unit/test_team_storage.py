@@ -7,7 +7,7 @@ import json
 
 from runctl.bus import StreamLimits
 from runctl.natsauth import NatsUser, config_users, server_config
-from runctl.teams import DEFAULT_EVENTS_MB, DEFAULT_TRIALS_MB, MIB, Team
+from runctl.teams import DEFAULT_CONSUMERS, DEFAULT_EVENTS_MB, DEFAULT_TRIALS_MB, MIB, Team
 
 
 def account_limits(text: str, team: str) -> dict[str, int]:
@@ -32,3 +32,12 @@ def test_a_teams_storage_bounds_its_streams_and_its_accounts_jetstream_and_a_cha
     (written,) = config_users(text)
     assert written == team.nats_user()
     assert written != Team("nlp", events_mb=128, nats_bcrypt="$2b$04$x").nats_user()
+
+
+def test_a_teams_consumers_bound_its_account_and_a_change_is_seen() -> None:
+    assert Team("nlp").nats_user().limits.consumers == DEFAULT_CONSUMERS
+    team = Team("nlp", consumers=5, nats_bcrypt="$2b$04$x")
+    text = server_config("127.0.0.1:4222", "/js", NatsUser("runctl", "$2b$04$y"), None, [team.nats_user()])
+    assert account_limits(text, "team-nlp")["max_consumers"] == 5
+    (written,) = config_users(text)
+    assert written == team.nats_user() != Team("nlp", consumers=6, nats_bcrypt="$2b$04$x").nats_user()
