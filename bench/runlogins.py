@@ -7,6 +7,11 @@ refused. Against the same stack it times ``--requests`` reads of a run's ledger 
 with the services' login (what a runner did before), and through the launcher's desk with the run's login (what it
 does now). Stops the stack with ``runctl down``.
 
+Then the same issue → accepted and revoke → refused against a nats-server configured as a shared cluster's is with
+``runctl team nats-config --issuer-seed`` (its own temporary folder and port), whose logins the launcher's auth
+callout (``runctl.callout``, run here in-process with a system login) answers from the bucket, plus revoke → the
+connection closed; and prints the configured/callout ratio of issue → accepted.
+
     python bench/runlogins.py [--runs 10] [--requests 200]
 
 Prints medians and p90s, and the desk/bucket ratio, measured in this run. Nothing of the project changes.
@@ -69,7 +74,7 @@ def summary(name: str, values: list[float]) -> str:
     return f"{name}: median {statistics.median(ordered):.1f} ms, p90 {p90:.1f} ms (n={len(ordered)})"
 
 
-async def measure(home: Path, runs: int, requests: int) -> list[str]:
+async def measure(home: Path, runs: int, requests: int) -> tuple[list[str], float]:
     from runctl import runlogins
     from runctl.bus import Bus, desk
     from runctl.home import read_stack_state
@@ -110,13 +115,88 @@ async def measure(home: Path, runs: int, requests: int) -> list[str]:
     finally:
         await services.close()
     ratio = statistics.median(asked) / statistics.median(direct)
-    return [
+    lines = [
         summary("issue -> accepted by the bus", accepted),
         summary("revoke -> refused by the bus", cut_off),
         summary("ledger read, bucket (services' login)", direct),
         summary("ledger read, desk (run's login)", asked),
         f"desk/bucket median ratio: {ratio:.2f}",
     ]
+    return lines, statistics.median(accepted)
+
+
+async def measure_callout(folder: Path, runs: int) -> tuple[list[str], float]:
+    """issue -> accepted, revoke -> refused and revoke -> connection closed on a bus that asks the launcher."""
+    from runctl import runlogins
+    from runctl.bus import Bus
+    from runctl.callout import LoginCallout
+    from runctl.natsauth import ADMIN_USER, SERVICES_USER, SYSTEM_USER, NatsUser, nats_hash, server_config
+    from runctl.natsjwt import NKey
+    from runctl.stack import nats_server_binary
+    from runctl.stackbus import write_private
+
+    port, issuer = free_port(), NKey.create()
+    users = {name: NatsUser(name, nats_hash(f"{name}-pw")) for name in (SERVICES_USER, ADMIN_USER, SYSTEM_USER)}
+    text = server_config(
+        f"127.0.0.1:{port}",
+        str(folder / "js"),
+        users[SERVICES_USER],
+        users[ADMIN_USER],
+        [],
+        callout_issuer=issuer.public,
+        system=users[SYSTEM_USER],
+    )
+    write_private(folder / "nats.conf", text)
+    with (folder / "nats.log").open("wb") as log:
+        proc = subprocess.Popen([nats_server_binary(), "-c", str(folder / "nats.conf")], stdout=log, stderr=log)
+    url = f"nats://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                services = await Bus.connect(f"nats://{SERVICES_USER}:{SERVICES_USER}-pw@127.0.0.1:{port}")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+        from nats.aio.client import Client
+
+        system = Client()
+        await system.connect(f"nats://{SYSTEM_USER}:{SYSTEM_USER}-pw@127.0.0.1:{port}")
+        callout = LoginCallout(services, issuer, system)
+        await callout.start()
+        accepted, cut_off, closed = [], [], []
+        try:
+            for i in range(runs):
+                start = time.perf_counter()
+                login = await runlogins.issue(services, "bench", f"bench-run-{i}")
+                await runlogins.wait_accepted(url, login)
+                accepted.append((time.perf_counter() - start) * 1000)
+                runner = await Bus.connect(login.url(url), as_team=False, reconnect=False)
+                start = time.perf_counter()
+                await runlogins.revoke(services, "bench", f"bench-run-{i}")
+                while not runner.nc.is_closed:
+                    await asyncio.sleep(0.005)
+                closed.append((time.perf_counter() - start) * 1000)
+                await runner.close()
+                start = time.perf_counter()
+                while not await refused(url, login.user, login.password):
+                    await asyncio.sleep(0.02)
+                cut_off.append((time.perf_counter() - start) * 1000)
+        finally:
+            await callout.stop()
+            await system.close()
+            await services.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    lines = [
+        summary("issue -> accepted by the bus", accepted),
+        summary("revoke -> open connection closed", closed),
+        summary("revoked -> refused by the bus (after the close)", cut_off),
+    ]
+    return lines, statistics.median(accepted)
 
 
 def main() -> int:
@@ -128,7 +208,7 @@ def main() -> int:
     try:
         runctl(home, "up", "--nats-port", str(free_port()), "--tracker-port", str(free_port()))
         try:
-            lines = asyncio.run(measure(home, args.runs, args.requests))
+            lines, configured = asyncio.run(measure(home, args.runs, args.requests))
         finally:
             runctl(home, "down")
     finally:
@@ -136,6 +216,15 @@ def main() -> int:
     print("== run logins (embedded stack)")
     for line in lines:
         print(line)
+    folder = Path(tempfile.mkdtemp(prefix="runctl-bench-callout-"))
+    try:
+        callout_lines, callout_accepted = asyncio.run(measure_callout(folder, args.runs))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print("== run logins (a bus configured with --issuer-seed: the launcher's auth callout)")
+    for line in callout_lines:
+        print(line)
+    print(f"issue -> accepted, configured/callout median ratio: {configured / callout_accepted:.1f}")
     return 0
 
 
