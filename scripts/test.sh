@@ -16,6 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/system-packages.sh test
 ./scripts/setup.sh
+# The agent bundles the scaffold tests run (built once per machine, from the package index: before the suite's
+# network namespace, which has none).
+.venv/bin/runctl agents build mswea
 count=${RUNCTL_TEST_WORKERS:-$(nproc)}
 light=${RUNCTL_TEST_LIGHT_WORKERS:-1}
 [ "$count" != 0 ] || light=0

@@ -11,7 +11,7 @@ import os
 import sys
 
 # Each module registers its commands on the app when imported, in the order `runctl --help` lists them.
-from runctl.cli import bus, proxy, runs, stack, task, team, tracker  # noqa: F401
+from runctl.cli import agents, bus, proxy, runs, stack, task, team, tracker  # noqa: F401
 from runctl.cli.app import app, escape, new_console
 
 

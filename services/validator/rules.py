@@ -35,6 +35,7 @@ AGENTS_BY_SCAFFOLD: dict[str, tuple[str, ...]] = {
     # oracle and nop call no model: they run a task's solution, or nothing (scoring checks of a task set).
     "terminal": ("terminal", "oracle", "nop"),
     "installed": ("installed",),
+    "mswea": ("mswea",),
     "ohsdk": ("openhands_sdk", "codeact"),
     "oh": ("openhands", "codeact"),
     "cc": ("claude_code",),
@@ -317,9 +318,16 @@ NOT_BUILT: tuple[NotBuilt, ...] = (
     NotBuilt(
         "SCAFFOLD",
         lambda c: c.engine != "fake" and _agent_scaffold(c),
-        "this build drives runctl's terminal agent and installed agents; the ohsdk, oh, cc and oc scaffolds are not "
-        "built yet",
+        "this build drives runctl's terminal agent, installed agents and mini-swe-agent (mswea); the ohsdk, oh, cc "
+        "and oc scaffolds are not built yet",
         "SCAFFOLD=installed with AGENT_COMMAND set to the command that starts that agent inside the task's image",
+    ),
+    NotBuilt(
+        "SCAFFOLD",
+        lambda c: _verl_train(c) and c.scaffold in ("installed", "mswea"),
+        "an agent inside the sandbox (installed, mswea) reaches its proxy session through the proxy's Unix socket, "
+        "which runctl's trial host inside verl does not open yet",
+        "SCAFFOLD=terminal for ENGINE=verl, or ENGINE=local to train with an agent inside the sandbox",
     ),
     NotBuilt(
         "AGENT_NETWORK",

@@ -41,6 +41,7 @@ HONOURED: dict[str, tuple[str, ...]] = {
     "SCAFFOLD": ("services/launcher/engines/local.py",),
     "AGENT_NAME": ("services/launcher/engines/local.py",),
     "AGENT_COMMAND": ("services/launcher/engines/local.py",),
+    "AGENT_VERSION": ("services/launcher/engines/local.py", "services/validator/checks/config_paths.py"),
     "BACKEND": ("services/launcher/engines/local.py",),
     "AGENT_MAX_ITERATIONS": ("services/launcher/engines/local.py",),
     "AGENT_TIMEOUT_SEC": ("services/launcher/engines/local.py",),

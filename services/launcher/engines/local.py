@@ -22,7 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runctl import layout
+from runctl import bundles, layout
+from runctl.bundles import SPECS, BundleError
 from runctl.config import EvalConfig, InferConfig, RunConfig, TrainConfig
 from runctl.config.loader import redact
 from runctl.config.models import is_secret
@@ -35,7 +36,7 @@ from services.launcher.errors import EngineError
 from services.launcher.rollout import cluster as ray_cluster
 from services.launcher.rollout import replicas as vllm_replicas
 from services.launcher.rollout import scores
-from services.launcher.rollout.agents.installed import SOCKET_NAME
+from services.launcher.rollout.agents.installed import IN_SANDBOX, SOCKET_NAME
 from services.launcher.rollout.trials import LoopSettings, TrialLoop, trial_event
 from services.launcher.trainer import checkpoints
 from services.launcher.trainer.loop import TrainLoop
@@ -198,7 +199,7 @@ async def open_proxy(
         EngineError: the proxy could not reach every replica within 60 s.
     """
     socket_path = None
-    if settings.agent == "installed":
+    if settings.agent in IN_SANDBOX:
         # Installed agents reach the proxy through a Unix socket bound into their sandbox.
         folder = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))  # short: socket paths are limited
         stack.callback(shutil.rmtree, folder, True)
@@ -240,13 +241,20 @@ def run_log(path: Path) -> Iterator[None]:
 
 
 def loop_settings(config: RunConfig) -> LoopSettings:
-    if config.scaffold not in ("terminal", "installed"):
+    if config.scaffold not in ("terminal", "installed", "mswea"):
         raise EngineError(
-            f"SCAFFOLD={config.scaffold}: this build's runner drives the terminal agent and installed agents. Fix: "
-            "SCAFFOLD=installed with AGENT_COMMAND set to the command that starts that agent in the task's image.",
+            f"SCAFFOLD={config.scaffold}: this build's runner drives the terminal agent, mini-swe-agent (mswea) and "
+            "installed agents. Fix: SCAFFOLD=installed with AGENT_COMMAND set to the command that starts that agent "
+            "in the task's image.",
             phase="environment",
         )
     agent = config.agent_name or config.scaffold
+    bundle = None
+    if config.scaffold in SPECS:
+        try:
+            bundle = bundles.load(config.scaffold, config.agent_version, verify=True)
+        except BundleError as e:
+            raise EngineError(str(e), phase="environment") from e
     limits = TrialLimits(
         cpus=config.sandbox_cpus,
         memory_mb=config.sandbox_memory_mb,
@@ -257,6 +265,7 @@ def loop_settings(config: RunConfig) -> LoopSettings:
     common: dict[str, Any] = {
         "limits": limits,
         "agent_command": config.agent_command,
+        "bundle": bundle,
         "local_backend": config.backend == "local",
         "agent": agent,
         "max_turns": config.agent_max_iterations,

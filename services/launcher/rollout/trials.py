@@ -26,12 +26,14 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from runctl.bundles import Bundle
 from runctl.events import TrialFinished
 from runctl.home import write_atomic
 from runctl.layout import TRAJECTORY, TRIAL_RECORD, trial_folder
 from runctl.tasks import Task
 from services.launcher.errors import EngineError
 from services.launcher.rollout.agents.installed import InstalledAgent
+from services.launcher.rollout.agents.mswea import MsweaAgent
 from services.launcher.rollout.agents.terminal import TerminalAgent, trial_seed
 from services.proxy.library import ProxyServer
 from services.sandbox.library import Agent, Backend, TrialLimits, TrialRunner, make_agent
@@ -56,6 +58,8 @@ class LoopSettings:
     max_tokens: int | None = None
     max_context_tokens: int | None = None
     agent_command: str | None = None
+    bundle: Bundle | None = None
+    """The scaffold's agent bundle (SCAFFOLD=mswea), verified when the run started."""
     socket_dir: Path | None = None
     """Where the proxy's Unix socket is (installed agents reach the proxy through it)."""
     local_backend: bool = True
@@ -231,6 +235,8 @@ class TrialLoop:
             },
             "session": session.id if session else None,
         }
+        if self.settings.bundle is not None:
+            record["bundle"] = self.settings.bundle.record()
         log.info("%s #%d: reward %s (%s) in %.2f s", task.id, k, record["reward"], result.termination_reason, wall)
         write_atomic(folder / RECORD, json.dumps(record, indent=2))
         return record
@@ -239,6 +245,12 @@ class TrialLoop:
         s = self.settings
         if s.agent in ("oracle", "nop"):
             return make_agent(s.agent)
+        if s.agent == "mswea":
+            assert s.bundle is not None and s.socket_dir
+            session_path = urlsplit(base_url).path.removesuffix("/v1")
+            return MsweaAgent(
+                s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.temperature, s.max_tokens
+            )
         if s.agent == "installed":
             assert s.agent_command and s.socket_dir
             session_path = urlsplit(base_url).path.removesuffix("/v1")

@@ -276,3 +276,23 @@ def agent_name(ctx: Context) -> Verdict:
             f"use one of: {', '.join(agents)}, or change SCAFFOLD.",
         )
     return ok(f"AGENT_NAME={name} belongs to SCAFFOLD={scaffold}")
+
+
+@check("model.agent_bundle", MODEL, "every trial fails as it starts: the scaffold's agent is not on this machine")
+def agent_bundle(ctx: Context) -> Verdict:
+    from runctl import bundles
+
+    scaffold, version = ctx.config.scaffold, ctx.config.agent_version
+    if scaffold not in bundles.SPECS:
+        if version is not None:
+            return fatal(
+                f"AGENT_VERSION={version} is set, but SCAFFOLD={scaffold} runs no bundled agent: it would be ignored.",
+                f"remove AGENT_VERSION, or use a bundled scaffold ({', '.join(sorted(bundles.SPECS))}).",
+            )
+        return skip(f"SCAFFOLD={scaffold} runs no bundled agent")
+    try:
+        bundle = bundles.load(scaffold, version)
+    except bundles.BundleError as e:
+        what, _, _ = e.message.rpartition(" Fix: ")
+        return fatal(what, e.fix)
+    return ok(f"SCAFFOLD={scaffold}: its bundle {bundle.version} is built for this platform ({bundle.sha256[:12]}…)")

@@ -24,6 +24,8 @@ from runctl.tasks import Task
 from services.sandbox.library import AgentOutcome, Backend, Sandbox
 
 RELAY_PORT = 8377
+#: The agents that run inside the sandbox and reach the proxy through the relay (the rest call it from the runner).
+IN_SANDBOX = ("installed", "mswea")
 SOCKET_DIR_INSIDE = "/runctl/proxy"
 AGENT_DIR_INSIDE = "/runctl/agent"
 SOCKET_NAME = "proxy.sock"
@@ -39,23 +41,43 @@ class InstalledAgent:
     name = "installed"
 
     def __init__(
-        self, command: str, session_path: str, model: str, socket_dir: Path, python: str, local_backend: bool
+        self,
+        command: str,
+        session_path: str,
+        model: str,
+        socket_dir: Path,
+        python: str,
+        local_backend: bool,
+        binds: tuple[tuple[str, str, bool], ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.command = command
         self.session_path = session_path  # /sess/<token>
         self.model = model
         self.python = python
-        binds: tuple[tuple[str, str, bool], ...] = ((str(socket_dir), SOCKET_DIR_INSIDE, True),)
-        self.binds = binds + (python_binds() if local_backend else ())
+        own: tuple[tuple[str, str, bool], ...] = ((str(socket_dir), SOCKET_DIR_INSIDE, True),)
+        self.binds = own + binds + (python_binds() if local_backend and not binds else ())
+        self.env = env or {}
 
     def setup(self, backend: Backend, sandbox: Sandbox, task: Task) -> None:
         here = Path(__file__).parent
         backend.upload(sandbox, here / "relay.py", f"{AGENT_DIR_INSIDE}/relay.py")
         backend.upload(sandbox, task.path / "instruction.md", f"{AGENT_DIR_INSIDE}/instruction.md")
 
+    def python_command(self) -> str:
+        """How the relay's Python is started (a bundle's runtime needs its library path)."""
+        return shlex.quote(self.python)
+
+    def ended(self, backend: Backend, sandbox: Sandbox, exit_code: int) -> AgentOutcome:
+        """How a run of the command that exited with ``exit_code`` (not timed out, its relay up) ended."""
+        if exit_code != 0:
+            return AgentOutcome("error", ("agent", f"the installed agent exited with code {exit_code}"))
+        return AgentOutcome("agent_completed")
+
     def run(self, backend: Backend, sandbox: Sandbox, task: Task, timeout_s: float) -> AgentOutcome:
         base = f"http://127.0.0.1:{RELAY_PORT}{self.session_path}"
         env = {
+            **self.env,
             "OPENAI_BASE_URL": base + "/v1",
             "ANTHROPIC_BASE_URL": base,
             "OPENAI_API_KEY": "runctl-session",
@@ -65,7 +87,7 @@ class InstalledAgent:
             "RUNCTL_PYTHON": self.python,
         }
         ready = "/tmp/.runctl-relay-ready"
-        relay = f"{shlex.quote(self.python)} {AGENT_DIR_INSIDE}/relay.py 127.0.0.1:{RELAY_PORT} "
+        relay = f"{self.python_command()} {AGENT_DIR_INSIDE}/relay.py 127.0.0.1:{RELAY_PORT} "
         relay += f"{SOCKET_DIR_INSIDE}/{SOCKET_NAME} {ready}"
         script = (
             f"{relay} 2>/logs/agent/relay.txt & relay=$!; i=0; "
@@ -78,6 +100,4 @@ class InstalledAgent:
             return AgentOutcome("timeout", ("agent_budget", f"the installed agent ran past {timeout_s:.0f} s"))
         if result.exit_code == 97:
             return AgentOutcome("env_setup_failed", ("sandbox", result.stderr.strip() or "the relay did not start"))
-        if result.exit_code != 0:
-            return AgentOutcome("error", ("agent", f"the installed agent exited with code {result.exit_code}"))
-        return AgentOutcome("agent_completed")
+        return self.ended(backend, sandbox, result.exit_code)

@@ -1,0 +1,285 @@
+"""Agent bundles: a scaffold's runtime and the agent, pinned, in one read-only folder a sandbox mounts.
+
+A trial's sandbox has no network, so an agent cannot install itself there, nor fetch what it would on its first
+run. ``runctl agents build NAME [--version V]`` makes the folder once, offline from where the machine's packages
+come from (the package index pip is configured with), under ``bundles_root()/<name>-<version>/``:
+
+- ``runtime/``: the interpreter the agent runs on — for a Python agent, a copy of this machine's CPython (its
+  executable, ``libpython``, the standard library without its tests), whose own ``site-packages`` holds the agent
+  and its dependencies at the pinned version. It needs nothing of the host but the C library, so the same folder
+  runs in a bubblewrap sandbox and in a Docker container of the same platform.
+- ``manifest.json``: the agent, its version, the runtime's version and platform, every package installed with its
+  version, when it was built, and ``sha256``, a hash of every file's path, mode and content (:func:`tree_hash`): a
+  trial records it, and a bundle whose files no longer hash to it is refused.
+
+The folder is made under a temporary name, made read-only, and renamed into place: a bundle that exists is whole.
+Agents' own telemetry and update checks are turned off by the scaffold that starts them (their environment).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from runctl.errors import RunctlError
+
+MANIFEST = "manifest.json"
+#: Where a bundle's runtime lives inside the sandbox (bound read-only).
+MOUNT = "/runctl/bundle"
+
+
+class BundleError(RunctlError):
+    """A bundle that cannot be built, is missing, or is not what its manifest says."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A scaffold's agent as a bundle is built of it."""
+
+    name: str
+    package: str
+    default_version: str
+    runtime: str  # "python" (a copy of this machine's CPython) — Node agents come with their scaffolds
+    summary: str
+
+
+SPECS: dict[str, Spec] = {
+    "mswea": Spec("mswea", "mini-swe-agent", "2.4.6", "python", "mini-swe-agent, through litellm"),
+}
+
+
+def bundles_root() -> Path:
+    """``$RUNCTL_AGENTS_DIR``, else ``$XDG_CACHE_HOME/runctl/agents`` or ``~/.cache/runctl/agents``."""
+    given = os.environ.get("RUNCTL_AGENTS_DIR")
+    if given:
+        return Path(given)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "runctl" / "agents"
+
+
+def spec_of(name: str) -> Spec:
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise BundleError(f"no agent {name!r} has a bundle. Fix: one of {', '.join(sorted(SPECS))}.") from None
+
+
+def bundle_path(name: str, version: str | None = None, root: Path | None = None) -> Path:
+    spec = spec_of(name)
+    return (root or bundles_root()) / f"{spec.name}-{version or spec.default_version}"
+
+
+def platform_tag() -> str:
+    return f"{platform.system().lower()}-{platform.machine()}"
+
+
+def tree_hash(folder: Path) -> str:
+    """sha256 over every file and link under ``folder`` but the manifest: its path, its mode's executable bit, and
+    its content (a link: its target)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.name != MANIFEST or p.parent != folder):
+        relative = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            digest.update(f"L {relative} {os.readlink(path)}\n".encode())
+        elif path.is_file():
+            executable = "x" if path.stat().st_mode & stat.S_IXUSR else "-"
+            digest.update(f"F {relative} {executable} {path.stat().st_size}\n".encode())
+            with path.open("rb") as f:
+                while block := f.read(1 << 20):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    manifest: dict[str, object]
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["name"])
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def sha256(self) -> str:
+        return str(self.manifest["sha256"])
+
+    @property
+    def python(self) -> str:
+        """The runtime's interpreter, as the sandbox sees it."""
+        return f"{MOUNT}/runtime/bin/{self.manifest['python_executable']}"
+
+    def record(self) -> dict[str, str]:
+        """What a trial records of the bundle it ran."""
+        return {"name": self.name, "version": self.version, "sha256": self.sha256}
+
+
+def load(name: str, version: str | None = None, root: Path | None = None, verify: bool = False) -> Bundle:
+    """The bundle of ``name`` at ``version`` (its default when None).
+
+    Raises:
+        BundleError: it is not built, or not for this platform, or (``verify``) its files do not hash to its
+            manifest's ``sha256``.
+    """
+    path = bundle_path(name, version, root)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise BundleError(
+            f"the {name} agent's bundle is not built ({path}). Fix: `runctl agents build {name}"
+            + (f" --version {version}`" if version else "`")
+            + " (it needs the package index once; trials then run offline)."
+        ) from None
+    if manifest.get("platform") != platform_tag():
+        raise BundleError(
+            f"the bundle at {path} is for {manifest.get('platform')}, this machine is {platform_tag()}. Fix: build it "
+            f"here (`runctl agents build {name} --force`)."
+        )
+    if verify and tree_hash(path) != manifest.get("sha256"):
+        raise BundleError(
+            f"the bundle at {path} no longer matches its manifest (a file was changed). Fix: `runctl agents build "
+            f"{name} --force`."
+        )
+    return Bundle(path, manifest)
+
+
+def _copy_python(runtime: Path) -> str:
+    """A copy of this machine's CPython under ``runtime`` (no site-packages, no tests); its executable's name."""
+    base = Path(sys.base_prefix)
+    executable = f"python{sysconfig.get_python_version()}"
+    (runtime / "bin").mkdir(parents=True)
+    shutil.copy2(base / "bin" / executable, runtime / "bin" / executable)
+    (runtime / "bin" / "python3").symlink_to(executable)
+    (runtime / "lib").mkdir()
+    for lib in (base / "lib").glob("libpython*.so*"):
+        shutil.copy2(lib, runtime / "lib" / lib.name, follow_symlinks=False)
+    stdlib = Path(sysconfig.get_path("stdlib", vars={"installed_base": str(base)}))
+    skip = {"site-packages", "test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "__pycache__"}
+    shutil.copytree(stdlib, runtime / "lib" / stdlib.name, ignore=lambda _d, names: [n for n in names if n in skip])
+    (runtime / "lib" / stdlib.name / "site-packages").mkdir()
+    return executable
+
+
+def runtime_env(runtime: Path) -> dict[str, str]:
+    """The environment the runtime's interpreter runs with: its own ``libpython`` first, nothing of the user's site."""
+    return {"LD_LIBRARY_PATH": str(runtime / "lib"), "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def build(
+    name: str,
+    version: str | None = None,
+    root: Path | None = None,
+    force: bool = False,
+    say: Callable[[str], None] = lambda _: None,
+) -> Bundle:
+    """Build the bundle (see the module's docstring); an existing one is kept unless ``force``."""
+    spec = spec_of(name)
+    version = version or spec.default_version
+    final = bundle_path(name, version, root)
+    if final.exists() and not force:
+        return load(name, version, root)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = final.with_name(f".{final.name}.building-{os.getpid()}")
+    _remove(work)
+    started = time.monotonic()
+    try:
+        say(f"copying this machine's Python {platform.python_version()} into the bundle")
+        executable = _copy_python(work / "runtime")
+        python = work / "runtime" / "bin" / executable
+        env = {**os.environ, **runtime_env(work / "runtime")}
+        say(f"installing {spec.package}=={version} and its dependencies (from pip's configured index)")
+        installed = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+             "--no-warn-script-location", "--ignore-installed", "--prefix", str(work / "runtime"),
+             f"{spec.package}=={version}"],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        if installed.returncode != 0:
+            raise BundleError(
+                f"pip could not install {spec.package}=={version}: {installed.stderr.strip()[-1500:]}. Fix: check "
+                "the version exists on the package index pip is configured with (pip's own message above)."
+            )
+        say("byte-compiling and checking that the agent imports in its runtime")
+        subprocess.run([str(python), "-m", "compileall", "-q", "-j0", str(work / "runtime" / "lib")],
+                       capture_output=True, env=env, check=False)  # fmt: skip
+        frozen = subprocess.run([str(python), "-c", _FREEZE], capture_output=True, text=True, env=env)
+        if frozen.returncode != 0:
+            raise BundleError(f"the bundle's Python does not start: {frozen.stderr.strip()[-1500:]}")
+        manifest: dict[str, object] = {
+            "name": spec.name,
+            "package": spec.package,
+            "version": version,
+            "runtime": f"python {platform.python_version()}",
+            "python_executable": executable,
+            "platform": platform_tag(),
+            "packages": json.loads(frozen.stdout),
+            "built": time.time(),
+            "build_seconds": round(time.monotonic() - started, 1),
+        }
+        _read_only(work)
+        manifest["sha256"] = tree_hash(work)
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        (work / MANIFEST).chmod(0o444)
+        if final.exists() and force:
+            _remove(final)
+        try:
+            work.rename(final)
+        except OSError:
+            if not (final / MANIFEST).exists():
+                raise
+            _remove(work)  # another build of the same bundle finished first: keep that one
+            return load(name, version, root)
+    except BaseException:
+        _remove(work)
+        raise
+    say(f"built {final} in {time.monotonic() - started:.0f} s")
+    return load(name, version, root)
+
+
+_FREEZE = (
+    "import importlib.metadata as m, json; "
+    "print(json.dumps(sorted({d.metadata['Name'].lower(): d.version for d in m.distributions()}.items())))"
+)
+
+
+def _read_only(folder: Path) -> None:
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        path.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _remove(folder: Path) -> None:
+    if not folder.exists():
+        return
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink() and path.is_dir():
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    shutil.rmtree(folder)
+
+
+def all_built(root: Path | None = None) -> list[Bundle]:
+    found = []
+    base = root or bundles_root()
+    for path in sorted(base.glob("*/" + MANIFEST)) if base.exists() else []:
+        name = path.parent.name.rsplit("-", 1)[0]
+        if name in SPECS:
+            try:
+                found.append(load(name, path.parent.name.rsplit("-", 1)[1], root))
+            except BundleError:
+                continue
+    return found

@@ -1,0 +1,93 @@
+"""SCAFFOLD=mswea for real: `runctl agents build mswea` (mini-swe-agent 2.4.6 with its own CPython, offline after),
+then a trial on the local backend (bubblewrap, network off) with mini-swe-agent driving the tiny model through the
+proxy's session. The tiny model's context (1024 tokens) is smaller than mini-swe-agent's own prompt, so vLLM refuses
+the first call and the trial must end as ``overlong`` with litellm's own message, the sandbox gone, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runctl import bundles
+from tests.conftest import ROOT
+from tests.infra import vllm_server as vllm_infra
+from tests.integration.test_runner import config
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        bool(vllm_infra.why_unavailable() or shutil.which("bwrap") is None),
+        reason=str(vllm_infra.why_unavailable() or "bubblewrap is not installed"),
+    ),
+]
+
+
+@pytest.fixture(scope="session")
+def mswea_bundle() -> bundles.Bundle:
+    """The bundle, built once per machine (kept in the user's cache like the tiny model)."""
+    return bundles.build("mswea")
+
+
+def test_the_bundle_is_whole_read_only_and_runs_the_agent_without_the_host_python(
+    mswea_bundle: bundles.Bundle, tmp_path: Path
+) -> None:
+    import subprocess
+
+    assert mswea_bundle.manifest["version"] == "2.4.6" and mswea_bundle.manifest["platform"] == bundles.platform_tag()
+    assert dict(mswea_bundle.manifest["packages"])["mini-swe-agent"] == "2.4.6"  # type: ignore[call-overload]
+    assert bundles.load("mswea", verify=True).sha256 == mswea_bundle.sha256
+    assert not (mswea_bundle.path / "runtime" / "lib").stat().st_mode & 0o222
+    python = mswea_bundle.path / "runtime" / "bin" / "python3"
+    env = {**bundles.runtime_env(mswea_bundle.path / "runtime"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env["MSWEA_SILENT_STARTUP"] = "1"
+    done = subprocess.run(
+        [str(python), "-I", "-c", "import sys, minisweagent; print(sys.prefix, minisweagent.__version__)"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(mswea_bundle.path / "runtime"), "2.4.6"]
+
+
+async def test_a_mswea_trial_drives_the_model_through_the_proxy_and_ends_cleanly(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, mswea_bundle: bundles.Bundle
+) -> None:
+    from runctl.config import load_config
+    from services.launcher.engines.local import loop_settings, open_proxy, select_tasks
+    from services.launcher.rollout.trials import TrialLoop
+    from services.sandbox.library import CONFIG_BACKENDS, BackendSettings, open_backend
+
+    task = tmp_path / "tasks" / "write-done"
+    shutil.copytree(ROOT / "examples" / "tasks" / "write-done", task)
+    cfg = config(
+        tmp_path, "infer-cpu.env", INDEX_FILE=tmp_path / "tasks", N_TRIALS=1, SCAFFOLD="mswea", AGENT_MAX_ITERATIONS=3
+    )
+    run_config = load_config(cfg, environ={}).model
+    records: list[dict[str, Any]] = []
+
+    async def publish(record: dict[str, Any]) -> None:
+        records.append(record)
+
+    async with AsyncExitStack() as stack:
+        proxy, settings = await open_proxy(stack, [served_model.url], loop_settings(run_config), served_model.key)
+        assert settings.bundle is not None and settings.bundle.sha256 == mswea_bundle.sha256
+        with open_backend(CONFIG_BACKENDS[run_config.backend], BackendSettings.of(run_config)) as (backend, image_for):
+            _, _, tasks = select_tasks(run_config)
+            labels = {"runctl.run": "mswea"}
+            loop = TrialLoop(tasks, tmp_path / "trials", settings, backend, image_for, proxy, labels, publish)
+            await asyncio.wait_for(loop.run(await loop.recover(), asyncio.Event()), 600)
+            assert backend.list_owned(labels) == []
+    folder = tmp_path / "trials" / "write-done" / "trial-0"
+    record = json.loads((folder / "trial.json").read_text())
+    ended = json.loads((folder / "logs" / "agent" / "mswea.json").read_text())
+    assert record["agent"] == "mswea" and record["bundle"] == mswea_bundle.record()
+    assert ended["exit_status"] == "ContextWindowExceededError" and ended["calls"] == 1
+    assert record["termination_reason"] == "overlong" and record["failure"]["cause"] == "agent_budget"
+    assert "maximum context length is 1024 tokens" in record["failure"]["message"]
+    assert [r["termination_reason"] for r in records] == ["overlong"]

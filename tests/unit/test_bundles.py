@@ -1,0 +1,77 @@
+"""Agent bundles (runctl.bundles) without building one: the manifest's checks, the tree hash, and how a mswea trial's
+ending maps to a termination reason (services/launcher/rollout/agents/mswea.py). A real build and trial:
+tests/integration/test_scaffold_mswea.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runctl import bundles
+from runctl.bundles import BundleError
+from services.launcher.rollout.agents.mswea import outcome_of
+
+
+def fake_bundle(root: Path, **manifest: object) -> Path:
+    folder = root / "mswea-2.4.6"
+    (folder / "runtime" / "bin").mkdir(parents=True)
+    (folder / "runtime" / "bin" / "python3.11").write_text("#!/bin/sh\n")
+    doc = {"name": "mswea", "version": "2.4.6", "platform": bundles.platform_tag(), "python_executable": "python3.11"}
+    doc |= manifest
+    doc.setdefault("sha256", bundles.tree_hash(folder))
+    (folder / bundles.MANIFEST).write_text(json.dumps(doc))
+    return folder
+
+
+def test_a_missing_bundle_is_refused_with_the_command_that_builds_it(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match=r"not built .* Fix: `runctl agents build mswea`"):
+        bundles.load("mswea", root=tmp_path)
+    with pytest.raises(BundleError, match="no agent 'cc' has a bundle"):
+        bundles.load("cc", root=tmp_path)
+
+
+def test_a_bundle_for_another_platform_or_changed_since_is_refused(tmp_path: Path) -> None:
+    folder = fake_bundle(tmp_path)
+    bundle = bundles.load("mswea", root=tmp_path, verify=True)
+    assert bundle.python == "/runctl/bundle/runtime/bin/python3.11" and bundle.record()["version"] == "2.4.6"
+    (folder / "runtime" / "bin" / "python3.11").write_text("#!/bin/sh\necho changed\n")
+    assert bundles.load("mswea", root=tmp_path).sha256 == bundle.sha256  # not verified: not read
+    with pytest.raises(BundleError, match="no longer matches its manifest"):
+        bundles.load("mswea", root=tmp_path, verify=True)
+    other = tmp_path / "other"
+    fake_bundle(other, platform="darwin-arm64")
+    with pytest.raises(BundleError, match="is for darwin-arm64"):
+        bundles.load("mswea", root=other)
+
+
+def test_the_tree_hash_sees_content_names_and_the_executable_bit(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("x")
+    first = bundles.tree_hash(tmp_path)
+    (tmp_path / "a").chmod(0o755)
+    second = bundles.tree_hash(tmp_path)
+    (tmp_path / "a").rename(tmp_path / "b")
+    assert len({first, second, bundles.tree_hash(tmp_path)}) == 3
+
+
+@pytest.mark.parametrize(
+    ("ended", "reason", "cause"),
+    [
+        ({"exit_status": "Submitted", "message": ""}, "agent_completed", None),
+        ({"exit_status": "LimitsExceeded", "message": ""}, "max_turns", "agent_budget"),
+        ({"exit_status": "TimeExceeded", "message": ""}, "timeout", "agent_budget"),
+        ({"exit_status": "ContextWindowExceededError", "message": "too long"}, "overlong", "agent_budget"),
+        ({"exit_status": "RepeatedFormatError", "message": ""}, "error", "agent"),
+        ({"exit_status": "APIConnectionError", "message": "refused"}, "error", "agent"),
+        (None, "error", "agent"),
+    ],
+)
+def test_mini_swe_agents_ending_maps_to_a_termination_reason(
+    ended: dict[str, object] | None, reason: str, cause: str | None
+) -> None:
+    outcome = outcome_of(ended)
+    assert outcome.termination_reason == reason
+    assert (outcome.failure[0] if outcome.failure else None) == cause
+    if ended and ended["exit_status"] not in ("Submitted",):
+        assert str(ended["exit_status"]) in outcome.failure[1]  # type: ignore[index]
