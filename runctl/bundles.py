@@ -8,9 +8,11 @@ come from (the package index pip is configured with), under ``bundles_root()/<na
   executable, ``libpython``, the standard library without its tests), whose own ``site-packages`` holds the agent
   and its dependencies at the pinned version. It needs nothing of the host but the C library, so the same folder
   runs in a bubblewrap sandbox and in a Docker container of the same platform.
+- ``prompt.txt``: what the agent sends before the task's own words (its system prompt and the frame around the
+  task, rendered once at build time), which the validator counts in the model's tokens against its context.
 - ``manifest.json``: the agent, its version, the runtime's version and platform, every package installed with its
-  version, when it was built, and ``sha256``, a hash of every file's path, mode and content (:func:`tree_hash`): a
-  trial records it, and a bundle whose files no longer hash to it is refused.
+  version, the prompt's length, when it was built, and ``sha256``, a hash of every file's path, mode and content
+  (:func:`tree_hash`): a trial records it, and a bundle whose files no longer hash to it is refused.
 
 The folder is made under a temporary name, made read-only, and renamed into place: a bundle that exists is whole.
 Agents' own telemetry and update checks are turned off by the scaffold that starts them (their environment).
@@ -52,11 +54,29 @@ class Spec:
     default_version: str
     runtime: str  # "python" (a copy of this machine's CPython) — Node agents come with their scaffolds
     summary: str
+    prompt_script: str
+    """Python run on the bundle's runtime with one argument, a file to write the agent's prompt to (its own
+    templates rendered for an empty task)."""
 
+
+#: mini-swe-agent's text-based prompts (the ones mswea_run.py uses), rendered as its agent renders them.
+_MSWEA_PROMPT = r"""
+import platform, sys
+from pathlib import Path
+import minisweagent, yaml
+from jinja2 import StrictUndefined, Template
+agent = yaml.safe_load((Path(minisweagent.__file__).parent / "config" / "mini_textbased.yaml").read_text())["agent"]
+names = ("system", "node", "release", "version", "machine")
+values = dict(zip(names, platform.uname())) | {"task": ""}
+text = "\n".join(Template(agent[k], undefined=StrictUndefined).render(**values)
+                  for k in ("system_template", "instance_template"))
+Path(sys.argv[1]).write_text(text)
+"""
 
 SPECS: dict[str, Spec] = {
-    "mswea": Spec("mswea", "mini-swe-agent", "2.4.6", "python", "mini-swe-agent, through litellm"),
+    "mswea": Spec("mswea", "mini-swe-agent", "2.4.6", "python", "mini-swe-agent, through litellm", _MSWEA_PROMPT),
 }
+PROMPT = "prompt.txt"
 
 
 def bundles_root() -> Path:
@@ -121,6 +141,10 @@ class Bundle:
     def python(self) -> str:
         """The runtime's interpreter, as the sandbox sees it."""
         return f"{MOUNT}/runtime/bin/{self.manifest['python_executable']}"
+
+    def prompt(self) -> str:
+        """What the agent sends before the task's own words (rendered when the bundle was built)."""
+        return (self.path / PROMPT).read_text()
 
     def record(self) -> dict[str, str]:
         """What a trial records of the bundle it ran."""
@@ -218,6 +242,12 @@ def build(
         frozen = subprocess.run([str(python), "-c", _FREEZE], capture_output=True, text=True, env=env)
         if frozen.returncode != 0:
             raise BundleError(f"the bundle's Python does not start: {frozen.stderr.strip()[-1500:]}")
+        say("rendering the agent's own prompt, to count against a model's context")
+        prompt = subprocess.run(
+            [str(python), "-c", spec.prompt_script, str(work / PROMPT)], capture_output=True, text=True, env=env
+        )
+        if prompt.returncode != 0:
+            raise BundleError(f"{spec.package} did not render its prompt: {prompt.stderr.strip()[-1500:]}")
         manifest: dict[str, object] = {
             "name": spec.name,
             "package": spec.package,
@@ -226,6 +256,7 @@ def build(
             "python_executable": executable,
             "platform": platform_tag(),
             "packages": json.loads(frozen.stdout),
+            "prompt_chars": len((work / PROMPT).read_text()),
             "built": time.time(),
             "build_seconds": round(time.monotonic() - started, 1),
         }

@@ -91,3 +91,18 @@ async def test_a_mswea_trial_drives_the_model_through_the_proxy_and_ends_cleanly
     assert record["termination_reason"] == "overlong" and record["failure"]["cause"] == "agent_budget"
     assert "maximum context length is 1024 tokens" in record["failure"]["message"]
     assert [r["termination_reason"] for r in records] == ["overlong"]
+
+
+def test_the_validator_refuses_mswea_on_the_tiny_model_counting_its_tokens(
+    tmp_path: Path, mswea_bundle: bundles.Bundle
+) -> None:
+    """What the trial above runs into, caught before launch: the prompt counted with the model's own tokenizer."""
+    from runctl.config import load_config
+    from services.validator.library import check_config
+
+    cfg = config(tmp_path, "infer-cpu.env", SCAFFOLD="mswea")
+    (result,) = [r for r in check_config(load_config(cfg, environ={}).model) if r.id == "fit.scaffold_prompt"]
+    assert result.severity == "fatal" and "estimated" not in result.message and "tokens" in result.message
+    prompt_tokens = int(result.message.split("own prompt is ")[1].split()[0])
+    served = int(result.message.split("the model serves ")[1].rstrip("."))
+    assert prompt_tokens > served == 1024  # as vLLM refused the trial above ("at least 1025 input tokens")

@@ -75,3 +75,26 @@ def test_mini_swe_agents_ending_maps_to_a_termination_reason(
     assert (outcome.failure[0] if outcome.failure else None) == cause
     if ended and ended["exit_status"] not in ("Submitted",):
         assert str(ended["exit_status"]) in outcome.failure[1]  # type: ignore[index]
+
+
+def test_the_validator_counts_the_agents_prompt_against_the_served_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runctl.config import resolve_text
+    from services.validator.library import check_config
+
+    data = Path(__file__).parents[1] / "data"
+    folder = fake_bundle(tmp_path)
+    (folder / bundles.PROMPT).write_text("Answer with one command. " * 40)  # ~330 tokens by the estimate
+    monkeypatch.setenv("RUNCTL_AGENTS_DIR", str(tmp_path))
+    base = (data / "configs" / "good" / "eval-tiny-cpu.env").read_text() + "SCAFFOLD=mswea\n"
+
+    def verdict(max_model_len: int) -> tuple[str, str]:
+        text = base.replace("MAX_MODEL_LEN=512", f"MAX_MODEL_LEN={max_model_len}")
+        resolved = resolve_text(text, "run.env", environ={"RUNCTL_TEST_DATA": str(data)})
+        (result,) = [r for r in check_config(resolved.model) if r.id == "fit.scaffold_prompt"]
+        return result.severity, result.message
+
+    severity, message = verdict(512)
+    assert severity == "fatal" and "estimated" in message and "the model serves 512" in message
+    assert verdict(2048)[0] == "ok"

@@ -6,6 +6,7 @@ means a fatal result with that id; ``# expect-warn: ID`` a warning.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -21,6 +22,17 @@ DATA = ROOT / "tests" / "data"
 GOOD = sorted((DATA / "configs" / "good").glob("*.env"))
 BROKEN = sorted((DATA / "configs" / "broken").glob("*.env"))
 ENVIRON = {"RUNCTL_TEST_DATA": str(DATA)}
+
+
+def fake_bundles(root: Path) -> Path:
+    from runctl import bundles
+
+    folder = bundles.bundle_path("mswea", root=root)
+    folder.mkdir(parents=True)
+    (folder / bundles.PROMPT).write_text("Your response must contain exactly ONE bash code block. " * 130)
+    manifest = {"name": "mswea", "version": "2.4.6", "platform": bundles.platform_tag(), "sha256": "0" * 64}
+    (folder / bundles.MANIFEST).write_text(json.dumps(manifest | {"python_executable": "python3.11"}))
+    return root
 
 
 def results_for(text: str, name: str) -> list[CheckResult]:
@@ -43,10 +55,12 @@ def corpus_text(path: Path) -> tuple[str, str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _no_ambient_logger_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_ambient_logger_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     from services.validator.rules import LOGGER_NEEDS
 
     monkeypatch.setenv("RUNCTL_TEAM_PATHS", "/srv/teams/{team}")  # as a shared cluster's services are set
+    # The machine's agent bundles: mswea's default version only, with a prompt of about 1,300 tokens.
+    monkeypatch.setenv("RUNCTL_AGENTS_DIR", str(fake_bundles(tmp_path_factory.mktemp("agents"))))
 
     for needs in LOGGER_NEEDS.values():
         for name in (*needs.any_of, *(needs.free_modes or ())[:1]):

@@ -109,3 +109,51 @@ def memory_training(ctx: Context) -> Verdict:
         f"FSDP model and optimizer state over {world} GPUs (before activations)",
         "add training GPUs, or use a smaller model.",
     )
+
+
+#: Tokens a scaffold's agent needs past its prompt: the task's words, the model's first answer, one observation.
+SCAFFOLD_ROOM = 512
+
+
+@check(
+    "fit.scaffold_prompt",
+    FIT,
+    "every trial ends overlong at its first call: the agent's own prompt does not fit the model's context",
+    needs_facts=True,
+)
+def scaffold_prompt(ctx: Context) -> Verdict:
+    from runctl import bundles
+
+    assert ctx.facts is not None
+    c = ctx.config
+    if c.scaffold not in bundles.SPECS:
+        return skip(f"SCAFFOLD={c.scaffold}: runctl's own prompt, or the installed agent's, is not measured")
+    try:
+        prompt = bundles.load(c.scaffold, c.agent_version).prompt()
+    except (bundles.BundleError, OSError):
+        return skip("the bundle is not built (model.agent_bundle says so) or has no prompt.txt")
+    limit = serving_length(c) or ctx.facts.max_position_embeddings
+    if limit is None:
+        return skip("neither MAX_MODEL_LEN nor the model's config.json gives a context length")
+    tokens = _count_tokens(ctx.facts.path, prompt)
+    counted = "tokens" if tokens is not None else "tokens (estimated: the model has no tokenizer.json)"
+    tokens = tokens if tokens is not None else len(prompt) // 3
+    if tokens + SCAFFOLD_ROOM > limit:
+        return fatal(
+            f"SCAFFOLD={c.scaffold}'s own prompt is {tokens} {counted}; with {SCAFFOLD_ROOM} for the task, the first "
+            f"answer and one observation it needs {tokens + SCAFFOLD_ROOM}, but the model serves {limit}.",
+            "serve a longer context (MAX_MODEL_LEN, up to the model's limit) or use a model with one; "
+            "SCAFFOLD=terminal's prompt is runctl's own and short.",
+        )
+    return ok(f"SCAFFOLD={c.scaffold}'s prompt is {tokens} {counted} of the {limit} the model serves")
+
+
+def _count_tokens(model_path: str, text: str) -> int | None:
+    from pathlib import Path
+
+    tokenizer_file = Path(model_path) / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return len(Tokenizer.from_file(str(tokenizer_file)).encode(text).ids)
