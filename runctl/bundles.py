@@ -37,6 +37,8 @@ from pathlib import Path
 from runctl.errors import RunctlError
 
 MANIFEST = "manifest.json"
+#: The layout of a bundle this runctl builds and reads; a bundle of another is built again.
+FORMAT = 2
 #: Where a bundle's runtime lives inside the sandbox (bound read-only).
 MOUNT = "/runctl/bundle"
 
@@ -54,9 +56,14 @@ class Spec:
     default_version: str
     runtime: str  # "python" (a copy of this machine's CPython) — Node agents come with their scaffolds
     summary: str
-    prompt_script: str
+    prompt_script: str = ""
     """Python run on the bundle's runtime with one argument, a file to write the agent's prompt to (its own
-    templates rendered for an empty task)."""
+    templates rendered for an empty task); empty: not measured."""
+    executable: str = ""
+    """npm agents: the native executable under the install folder (``{platform}``: ``linux-x64``, say)."""
+    capture_args: tuple[str, ...] = ()
+    """npm agents: how to start the executable headless for one request, which a stand-in Anthropic server on
+    loopback records as the agent's prompt (its system prompt, its messages before the task, its tools)."""
 
 
 #: mini-swe-agent's text-based prompts (the ones mswea_run.py uses), rendered as its agent renders them.
@@ -75,6 +82,25 @@ Path(sys.argv[1]).write_text(text)
 
 SPECS: dict[str, Spec] = {
     "mswea": Spec("mswea", "mini-swe-agent", "2.4.6", "python", "mini-swe-agent, through litellm", _MSWEA_PROMPT),
+    "cc": Spec(
+        "cc",
+        "@anthropic-ai/claude-code",
+        "2.1.197",
+        "npm",
+        "Claude Code, its native executable",
+        executable="node_modules/@anthropic-ai/claude-code-{platform}/claude",
+        capture_args=(
+            "-p",
+            "ok",
+            "--model",
+            "runctl",
+            "--output-format",
+            "json",
+            "--max-turns",
+            "1",
+            "--dangerously-skip-permissions",
+        ),  # fmt: skip
+    ),
 }
 PROMPT = "prompt.txt"
 
@@ -139,8 +165,19 @@ class Bundle:
 
     @property
     def python(self) -> str:
-        """The runtime's interpreter, as the sandbox sees it."""
-        return f"{MOUNT}/runtime/bin/{self.manifest['python_executable']}"
+        """The bundle's Python, as the sandbox sees it: a Python agent's runtime, or the one an npm agent's bundle
+        carries for the relay to its proxy session."""
+        return f"{MOUNT}/{self.manifest['python']}"
+
+    @property
+    def python_lib(self) -> str:
+        """Where that Python's ``libpython`` is, inside the sandbox (its ``LD_LIBRARY_PATH``)."""
+        return f"{MOUNT}/{self.manifest['python_lib']}"
+
+    @property
+    def executable(self) -> str:
+        """The agent's executable (an npm agent's native one, a Python agent's interpreter), as the sandbox sees it."""
+        return f"{MOUNT}/{self.manifest['executable']}"
 
     def prompt(self) -> str:
         """What the agent sends before the task's own words (rendered when the bundle was built)."""
@@ -167,6 +204,11 @@ def load(name: str, version: str | None = None, root: Path | None = None, verify
             + (f" --version {version}`" if version else "`")
             + " (it needs the package index once; trials then run offline)."
         ) from None
+    if manifest.get("format") != FORMAT:
+        raise BundleError(
+            f"the bundle at {path} was built by another version of runctl (format {manifest.get('format')}, this one "
+            f"reads {FORMAT}). Fix: `runctl agents build {name} --force`."
+        )
     if manifest.get("platform") != platform_tag():
         raise BundleError(
             f"the bundle at {path} is for {manifest.get('platform')}, this machine is {platform_tag()}. Fix: build it "
@@ -214,52 +256,33 @@ def build(
     version = version or spec.default_version
     final = bundle_path(name, version, root)
     if final.exists() and not force:
-        return load(name, version, root)
+        try:
+            return load(name, version, root)
+        except BundleError as e:  # another format or platform, or half of one: built again
+            say(f"building again: {e.message.split(' Fix:')[0]}")
+            force = True
     final.parent.mkdir(parents=True, exist_ok=True)
     work = final.with_name(f".{final.name}.building-{os.getpid()}")
     _remove(work)
     started = time.monotonic()
     try:
-        say(f"copying this machine's Python {platform.python_version()} into the bundle")
-        executable = _copy_python(work / "runtime")
-        python = work / "runtime" / "bin" / executable
-        env = {**os.environ, **runtime_env(work / "runtime")}
-        say(f"installing {spec.package}=={version} and its dependencies (from pip's configured index)")
-        installed = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
-             "--no-warn-script-location", "--ignore-installed", "--prefix", str(work / "runtime"),
-             f"{spec.package}=={version}"],
-            capture_output=True, text=True, env=env,
-        )  # fmt: skip
-        if installed.returncode != 0:
-            raise BundleError(
-                f"pip could not install {spec.package}=={version}: {installed.stderr.strip()[-1500:]}. Fix: check "
-                "the version exists on the package index pip is configured with (pip's own message above)."
-            )
-        say("byte-compiling and checking that the agent imports in its runtime")
-        subprocess.run([str(python), "-m", "compileall", "-q", "-j0", str(work / "runtime" / "lib")],
-                       capture_output=True, env=env, check=False)  # fmt: skip
-        frozen = subprocess.run([str(python), "-c", _FREEZE], capture_output=True, text=True, env=env)
-        if frozen.returncode != 0:
-            raise BundleError(f"the bundle's Python does not start: {frozen.stderr.strip()[-1500:]}")
-        say("rendering the agent's own prompt, to count against a model's context")
-        prompt = subprocess.run(
-            [str(python), "-c", spec.prompt_script, str(work / PROMPT)], capture_output=True, text=True, env=env
+        installed = (
+            _install_python(spec, version, work, say)
+            if spec.runtime == "python"
+            else _install_npm(spec, version, work, say)
         )
-        if prompt.returncode != 0:
-            raise BundleError(f"{spec.package} did not render its prompt: {prompt.stderr.strip()[-1500:]}")
         manifest: dict[str, object] = {
+            "format": FORMAT,
             "name": spec.name,
             "package": spec.package,
             "version": version,
-            "runtime": f"python {platform.python_version()}",
-            "python_executable": executable,
             "platform": platform_tag(),
-            "packages": json.loads(frozen.stdout),
-            "prompt_chars": len((work / PROMPT).read_text()),
+            **installed,
             "built": time.time(),
             "build_seconds": round(time.monotonic() - started, 1),
         }
+        if (work / PROMPT).exists():
+            manifest["prompt_chars"] = len((work / PROMPT).read_text())
         _read_only(work)
         manifest["sha256"] = tree_hash(work)
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -278,6 +301,144 @@ def build(
         raise
     say(f"built {final} in {time.monotonic() - started:.0f} s")
     return load(name, version, root)
+
+
+def _install_python(spec: Spec, version: str, work: Path, say: Callable[[str], None]) -> dict[str, object]:
+    say(f"copying this machine's Python {platform.python_version()} into the bundle")
+    executable = _copy_python(work / "runtime")
+    python = work / "runtime" / "bin" / executable
+    env = {**os.environ, **runtime_env(work / "runtime")}
+    say(f"installing {spec.package}=={version} and its dependencies (from pip's configured index)")
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+         "--no-warn-script-location", "--ignore-installed", "--prefix", str(work / "runtime"),
+         f"{spec.package}=={version}"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    if installed.returncode != 0:
+        raise BundleError(
+            f"pip could not install {spec.package}=={version}: {installed.stderr.strip()[-1500:]}. Fix: check "
+            "the version exists on the package index pip is configured with (pip's own message above)."
+        )
+    say("byte-compiling and checking that the agent imports in its runtime")
+    subprocess.run([str(python), "-m", "compileall", "-q", "-j0", str(work / "runtime" / "lib")],
+                   capture_output=True, env=env, check=False)  # fmt: skip
+    frozen = subprocess.run([str(python), "-c", _FREEZE], capture_output=True, text=True, env=env)
+    if frozen.returncode != 0:
+        raise BundleError(f"the bundle's Python does not start: {frozen.stderr.strip()[-1500:]}")
+    if spec.prompt_script:
+        say("rendering the agent's own prompt, to count against a model's context")
+        prompt = subprocess.run(
+            [str(python), "-c", spec.prompt_script, str(work / PROMPT)], capture_output=True, text=True, env=env
+        )
+        if prompt.returncode != 0:
+            raise BundleError(f"{spec.package} did not render its prompt: {prompt.stderr.strip()[-1500:]}")
+    return {
+        "runtime": f"python {platform.python_version()}",
+        "python": f"runtime/bin/{executable}",
+        "python_lib": "runtime/lib",
+        "executable": f"runtime/bin/{executable}",
+        "packages": json.loads(frozen.stdout),
+    }
+
+
+def _install_npm(spec: Spec, version: str, work: Path, say: Callable[[str], None]) -> dict[str, object]:
+    """An npm package whose platform package is a native executable: installed without its install scripts, run
+    without Node (``Spec.executable`` names the executable under ``node_modules``)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise BundleError(f"building {spec.name}'s bundle needs npm, which is not on PATH. Fix: install Node and npm.")
+    say(f"installing {spec.package}@{version} with npm (from its configured registry; no install scripts)")
+    (work / "runtime").mkdir(parents=True)
+    cache = work.with_name(work.name + ".npm-cache")
+    try:
+        installed = subprocess.run(
+            [npm, "install", "--prefix", str(work / "runtime"), "--no-audit", "--no-fund", "--ignore-scripts",
+             "--cache", str(cache), f"{spec.package}@{version}"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if installed.returncode != 0:
+        raise BundleError(
+            f"npm could not install {spec.package}@{version}: {installed.stderr.strip()[-1500:]}. Fix: check the "
+            "version exists on the registry npm is configured with (npm's own message above)."
+        )
+    executable = work / "runtime" / spec.executable.format(platform=_npm_platform())
+    if not executable.is_file():
+        raise BundleError(
+            f"{spec.package}@{version} brought no executable for this platform at {executable.relative_to(work)}."
+        )
+    ran = subprocess.run([str(executable), "--version"], capture_output=True, text=True, timeout=60)
+    if ran.returncode != 0:
+        raise BundleError(f"{spec.package}'s executable does not start here: {ran.stderr.strip()[-1500:]}")
+    packages = json.loads((work / "runtime" / "package-lock.json").read_text()).get("packages", {})
+    pinned = sorted((k.removeprefix("node_modules/"), v.get("version", "")) for k, v in packages.items() if k)
+    if spec.capture_args:
+        say("recording the agent's first request, to count its prompt against a model's context")
+        (work / PROMPT).write_text(_captured_prompt(executable, spec.capture_args, work))
+    say(f"copying this machine's Python {platform.python_version()} for the relay to the proxy")
+    python = _copy_python(work / "python")
+    return {
+        "runtime": f"native ({ran.stdout.strip()[:80]})",
+        "python": f"python/bin/{python}",
+        "python_lib": "python/lib",
+        "executable": str(executable.relative_to(work)),
+        "packages": pinned,
+    }
+
+
+def _captured_prompt(executable: Path, args: tuple[str, ...], work: Path) -> str:
+    """The text of the first Messages request the agent sends (system, messages and tools), answered 400 by a stand-in
+    server on loopback so that the agent stops there."""
+    import http.server
+    import threading
+
+    bodies: list[bytes] = []
+
+    class StandIn(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers.get("content-length") or 0)))
+            answer = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "recorded"}}'
+            self.send_response(400)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    home = work.with_name(work.name + ".home")
+    home.mkdir()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_address[1]}",
+        "ANTHROPIC_API_KEY": "runctl-build",
+        "IS_SANDBOX": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+    }
+    try:
+        subprocess.run([str(executable), *args], env=env, capture_output=True, timeout=120, cwd=home)
+    finally:
+        server.shutdown()
+        shutil.rmtree(home, ignore_errors=True)
+    requests = [json.loads(b) for b in bodies if b.strip()]
+    first = next((r for r in requests if r.get("messages")), None)
+    if first is None:
+        raise BundleError(f"{executable.name} sent no Messages request to the stand-in server within 120 s.")
+    parts = [json.dumps(first.get("system") or ""), json.dumps(first["messages"]), json.dumps(first.get("tools") or [])]
+    return "\n".join(parts)
+
+
+def _npm_platform() -> str:
+    machine = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    return f"{platform.system().lower()}-{machine}"
 
 
 _FREEZE = (

@@ -129,12 +129,12 @@ class AgentSection(Section):
     title: ClassVar[str] = "Agent and sandbox"
     scaffold: Literal["terminal", "installed", "mswea", "ohsdk", "oh", "cc", "oc"] = "terminal"
     """Agent scaffold: terminal (runctl's built-in, on the host), installed (AGENT_COMMAND, inside the sandbox),
-    mswea (mini-swe-agent, inside the sandbox from its bundle: `runctl agents build mswea`), ohsdk (OpenHands SDK),
-    oh (OpenHands), cc (Claude Code), oc (OpenCode)."""
+    mswea (mini-swe-agent) and cc (Claude Code), each inside the sandbox from its bundle (`runctl agents build
+    SCAFFOLD`), ohsdk (OpenHands SDK), oh (OpenHands), oc (OpenCode)."""
     agent_name: str | None = None
     """Agent loop name inside the scaffold; unset picks the scaffold's default."""
     agent_version: str | None = None
-    """A bundled scaffold's agent version (SCAFFOLD=mswea): the bundle `runctl agents build SCAFFOLD --version V`
+    """A bundled scaffold's agent version (SCAFFOLD=mswea or cc): the bundle `runctl agents build SCAFFOLD --version V`
     made on the runner's machine; unset picks the scaffold's default version."""
     agent_command: str | None = None
     """SCAFFOLD=installed: the shell command that starts the agent inside the sandbox. It finds its model at

@@ -92,12 +92,18 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(body.get("messages"), list):
         raise TranslationError("messages: a list of {role, content} is required")
     messages: list[dict[str, Any]] = []
-    if body.get("system"):
-        messages.append({"role": "system", "content": _text_of(body["system"])})
+    # Claude Code also sends context as a message of role "system" among the others: its text joins the system
+    # prompt, the one place every chat template takes a system message.
+    system = [_text_of(body["system"])] if body.get("system") else []
+    system += [_text_of(m.get("content") or "") for m in body["messages"] if m.get("role") == "system"]
+    if system:
+        messages.append({"role": "system", "content": "\n\n".join(system)})
     for message in body["messages"]:
         role, content = message.get("role"), message.get("content")
+        if role == "system":
+            continue
         if role not in ("user", "assistant"):
-            raise TranslationError(f"messages: role {role!r} is not user or assistant")
+            raise TranslationError(f"messages: role {role!r} is not user, assistant or system")
         if isinstance(content, str):
             messages.append({"role": role, "content": content})
         elif role == "user":

@@ -18,7 +18,13 @@ def fake_bundle(root: Path, **manifest: object) -> Path:
     folder = root / "mswea-2.4.6"
     (folder / "runtime" / "bin").mkdir(parents=True)
     (folder / "runtime" / "bin" / "python3.11").write_text("#!/bin/sh\n")
-    doc = {"name": "mswea", "version": "2.4.6", "platform": bundles.platform_tag(), "python_executable": "python3.11"}
+    doc = {
+        "name": "mswea",
+        "version": "2.4.6",
+        "platform": bundles.platform_tag(),
+        "format": bundles.FORMAT,
+        "python": "runtime/bin/python3.11",
+    }
     doc |= manifest
     doc.setdefault("sha256", bundles.tree_hash(folder))
     (folder / bundles.MANIFEST).write_text(json.dumps(doc))
@@ -28,8 +34,8 @@ def fake_bundle(root: Path, **manifest: object) -> Path:
 def test_a_missing_bundle_is_refused_with_the_command_that_builds_it(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match=r"not built .* Fix: `runctl agents build mswea`"):
         bundles.load("mswea", root=tmp_path)
-    with pytest.raises(BundleError, match="no agent 'cc' has a bundle"):
-        bundles.load("cc", root=tmp_path)
+    with pytest.raises(BundleError, match="no agent 'oc' has a bundle"):
+        bundles.load("oc", root=tmp_path)
 
 
 def test_a_bundle_for_another_platform_or_changed_since_is_refused(tmp_path: Path) -> None:
@@ -44,6 +50,10 @@ def test_a_bundle_for_another_platform_or_changed_since_is_refused(tmp_path: Pat
     fake_bundle(other, platform="darwin-arm64")
     with pytest.raises(BundleError, match="is for darwin-arm64"):
         bundles.load("mswea", root=other)
+    older = tmp_path / "older"
+    fake_bundle(older, format=bundles.FORMAT - 1)
+    with pytest.raises(BundleError, match=r"another version of runctl .* Fix: `runctl agents build mswea --force`"):
+        bundles.load("mswea", root=older)
 
 
 def test_the_tree_hash_sees_content_names_and_the_executable_bit(tmp_path: Path) -> None:
@@ -98,3 +108,26 @@ def test_the_validator_counts_the_agents_prompt_against_the_served_context(
     severity, message = verdict(512)
     assert severity == "fatal" and "estimated" in message and "the model serves 512" in message
     assert verdict(2048)[0] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("ended", "reason"),
+    [
+        ({"subtype": "success", "is_error": False, "result": "done"}, "agent_completed"),
+        ({"subtype": "error_max_turns", "is_error": True}, "max_turns"),
+        (
+            {"subtype": "success", "is_error": True, "result": "API Error: 400 prompt is too long: 30000 tokens"},
+            "overlong",
+        ),
+        ({"subtype": "success", "is_error": True, "result": "API Error: 503 no replica"}, "error"),
+        ({"subtype": "error_during_execution", "is_error": True}, "error"),
+        (None, "error"),
+    ],
+)
+def test_claude_codes_result_maps_to_a_termination_reason(ended: dict[str, object] | None, reason: str) -> None:
+    from services.launcher.rollout.agents.claude_code import cc_outcome
+
+    outcome = cc_outcome(ended, 1)
+    assert outcome.termination_reason == reason
+    if reason == "error" and ended and ended.get("result"):
+        assert str(ended["result"]) in outcome.failure[1]  # type: ignore[index]

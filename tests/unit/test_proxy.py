@@ -519,3 +519,26 @@ async def test_a_replica_that_does_not_answer_in_time_is_a_504_and_its_connectio
         await slow.close()
     assert reply.status_code == 504 and "did not answer within 0.2s" in reply.json()["error"]["message"]
     assert slow.abandoned == 1  # the proxy closed the connection: vLLM stops generating
+
+
+def test_a_system_message_among_anthropic_messages_joins_the_system_prompt() -> None:
+    """Claude Code sends context as a message of role "system" after the user's: it becomes part of the one system
+    message at the start, where every chat template takes one."""
+    from services.proxy.anthropic_surface import to_openai
+
+    body = {
+        "model": "m",
+        "system": [{"type": "text", "text": "You are Claude Code."}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "fix it"}]},
+            {"role": "system", "content": "Available agent types: claude."},
+        ],
+    }
+    assert to_openai(body)["messages"] == [
+        {"role": "system", "content": "You are Claude Code.\n\nAvailable agent types: claude."},
+        {"role": "user", "content": "fix it"},
+    ]
+    from services.proxy.errors import TranslationError
+
+    with pytest.raises(TranslationError, match="role 'tool' is not user, assistant or system"):
+        to_openai({"model": "m", "messages": [{"role": "tool", "content": "x"}]})

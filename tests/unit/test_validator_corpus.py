@@ -30,8 +30,14 @@ def fake_bundles(root: Path) -> Path:
     folder = bundles.bundle_path("mswea", root=root)
     folder.mkdir(parents=True)
     (folder / bundles.PROMPT).write_text("Your response must contain exactly ONE bash code block. " * 130)
-    manifest = {"name": "mswea", "version": "2.4.6", "platform": bundles.platform_tag(), "sha256": "0" * 64}
-    (folder / bundles.MANIFEST).write_text(json.dumps(manifest | {"python_executable": "python3.11"}))
+    manifest = {
+        "name": "mswea",
+        "version": "2.4.6",
+        "platform": bundles.platform_tag(),
+        "format": bundles.FORMAT,
+        "sha256": "0" * 64,
+    }
+    (folder / bundles.MANIFEST).write_text(json.dumps(manifest | {"python": "runtime/bin/python3.11"}))
     return root
 
 

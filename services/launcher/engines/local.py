@@ -241,14 +241,15 @@ def run_log(path: Path) -> Iterator[None]:
 
 
 def loop_settings(config: RunConfig) -> LoopSettings:
-    if config.scaffold not in ("terminal", "installed", "mswea"):
+    if config.scaffold not in ("terminal", "installed", *SPECS):
         raise EngineError(
-            f"SCAFFOLD={config.scaffold}: this build's runner drives the terminal agent, mini-swe-agent (mswea) and "
-            "installed agents. Fix: SCAFFOLD=installed with AGENT_COMMAND set to the command that starts that agent "
-            "in the task's image.",
+            f"SCAFFOLD={config.scaffold}: this build's runner drives the terminal agent, installed agents, "
+            "mini-swe-agent (mswea) and Claude Code (cc). Fix: SCAFFOLD=installed with AGENT_COMMAND set to the "
+            "command that starts that agent in the task's image.",
             phase="environment",
         )
-    agent = config.agent_name or config.scaffold
+    # A bundled scaffold has one agent (AGENT_NAME may name it, as the validator checks): the scaffold's own.
+    agent = config.scaffold if config.scaffold in SPECS else config.agent_name or config.scaffold
     bundle = None
     if config.scaffold in SPECS:
         try:

@@ -32,6 +32,7 @@ from runctl.home import write_atomic
 from runctl.layout import TRAJECTORY, TRIAL_RECORD, trial_folder
 from runctl.tasks import Task
 from services.launcher.errors import EngineError
+from services.launcher.rollout.agents.claude_code import ClaudeCodeAgent
 from services.launcher.rollout.agents.installed import InstalledAgent
 from services.launcher.rollout.agents.mswea import MsweaAgent
 from services.launcher.rollout.agents.terminal import TerminalAgent, trial_seed
@@ -245,6 +246,10 @@ class TrialLoop:
         s = self.settings
         if s.agent in ("oracle", "nop"):
             return make_agent(s.agent)
+        if s.agent == "cc":
+            assert s.bundle is not None and s.socket_dir
+            session_path = urlsplit(base_url).path.removesuffix("/v1")
+            return ClaudeCodeAgent(s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.max_tokens)
         if s.agent == "mswea":
             assert s.bundle is not None and s.socket_dir
             session_path = urlsplit(base_url).path.removesuffix("/v1")

@@ -25,17 +25,19 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
-from runctl.bundles import MOUNT, Bundle
+from runctl.bundles import Bundle
 from runctl.tasks import Task
-from services.launcher.rollout.agents.installed import AGENT_DIR_INSIDE, RELAY_PORT, InstalledAgent
+from services.launcher.rollout.agents.bundled import BundledAgent
+from services.launcher.rollout.agents.installed import AGENT_DIR_INSIDE, RELAY_PORT
 from services.sandbox.library import AgentOutcome, Backend, Sandbox
 
 OUTCOME = "/logs/agent/mswea.json"
 ENDINGS = {"Submitted": "agent_completed", "LimitsExceeded": "max_turns", "TimeExceeded": "timeout"}
 
 
-def outcome_of(ended: dict[str, object] | None) -> AgentOutcome:
+def outcome_of(ended: dict[str, Any] | None) -> AgentOutcome:
     """The trial's ending for what ``mswea_run.py`` wrote (None: it wrote nothing, so it crashed first)."""
     if ended is None:
         return AgentOutcome(
@@ -54,8 +56,9 @@ def outcome_of(ended: dict[str, object] | None) -> AgentOutcome:
     return AgentOutcome("error", ("agent", f"mini-swe-agent: {status or 'no status'}: {message}"[:500]))
 
 
-class MsweaAgent(InstalledAgent):
+class MsweaAgent(BundledAgent):
     name = "mswea"
+    outcome_file = OUTCOME
 
     def __init__(
         self,
@@ -67,7 +70,6 @@ class MsweaAgent(InstalledAgent):
         temperature: float,
         max_tokens: int | None,
     ) -> None:
-        self.bundle = bundle
         self.given: dict[str, object] = {
             "base_url": f"http://127.0.0.1:{RELAY_PORT}{session_path}/v1",
             "model": model,
@@ -77,18 +79,13 @@ class MsweaAgent(InstalledAgent):
             "instruction": f"{AGENT_DIR_INSIDE}/instruction.md",
         }
         env = {
-            "LD_LIBRARY_PATH": f"{MOUNT}/runtime/lib",
-            "PYTHONNOUSERSITE": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
             # Offline and quiet: no price list from the network, no telemetry, no start-up banner or config dir.
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "LITELLM_TELEMETRY": "False",
             "MSWEA_SILENT_STARTUP": "1",
             "MSWEA_GLOBAL_CONFIG_DIR": "/tmp/.mswea",
-            "HOME": "/tmp",
         }
-        binds = ((str(bundle.path), MOUNT, True),)
-        super().__init__("", session_path, model, socket_dir, bundle.python, False, binds=binds, env=env)
+        super().__init__(bundle, session_path, model, socket_dir, env)
 
     def setup(self, backend: Backend, sandbox: Sandbox, task: Task) -> None:
         super().setup(backend, sandbox, task)
@@ -100,12 +97,7 @@ class MsweaAgent(InstalledAgent):
         self.command = f"{driver} {OUTCOME} {shlex.quote(json.dumps(given))}"
         return super().run(backend, sandbox, task, timeout_s)
 
-    def ended(self, backend: Backend, sandbox: Sandbox, exit_code: int) -> AgentOutcome:
-        read = backend.exec(sandbox, f"cat {OUTCOME} 2>/dev/null", 30)
-        try:
-            ended = json.loads(read.stdout) if read.exit_code == 0 and read.stdout.strip() else None
-        except ValueError:
-            ended = None
+    def outcome(self, ended: dict[str, Any] | None, exit_code: int) -> AgentOutcome:
         if ended is None and exit_code != 0:
             return AgentOutcome("error", ("agent", f"mini-swe-agent exited with code {exit_code} before it began"))
         return outcome_of(ended)

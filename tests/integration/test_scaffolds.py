@@ -55,9 +55,9 @@ def test_the_bundle_is_whole_read_only_and_runs_the_agent_without_the_host_pytho
     assert done.stdout.split() == [str(mswea_bundle.path / "runtime"), "2.4.6"]
 
 
-async def test_a_mswea_trial_drives_the_model_through_the_proxy_and_ends_cleanly(
-    tmp_path: Path, served_model: vllm_infra.VLLMServer, mswea_bundle: bundles.Bundle
-) -> None:
+async def one_trial(tmp_path: Path, served_model: vllm_infra.VLLMServer, **values: Any) -> tuple[Path, list[str]]:
+    """One trial of examples' write-done task on the local backend with the runner's loop and proxy; its folder and
+    the termination reasons published."""
     from runctl.config import load_config
     from services.launcher.engines.local import loop_settings, open_proxy, select_tasks
     from services.launcher.rollout.trials import TrialLoop
@@ -65,9 +65,7 @@ async def test_a_mswea_trial_drives_the_model_through_the_proxy_and_ends_cleanly
 
     task = tmp_path / "tasks" / "write-done"
     shutil.copytree(ROOT / "examples" / "tasks" / "write-done", task)
-    cfg = config(
-        tmp_path, "infer-cpu.env", INDEX_FILE=tmp_path / "tasks", N_TRIALS=1, SCAFFOLD="mswea", AGENT_MAX_ITERATIONS=3
-    )
+    cfg = config(tmp_path, "infer-cpu.env", INDEX_FILE=tmp_path / "tasks", N_TRIALS=1, **values)
     run_config = load_config(cfg, environ={}).model
     records: list[dict[str, Any]] = []
 
@@ -76,33 +74,62 @@ async def test_a_mswea_trial_drives_the_model_through_the_proxy_and_ends_cleanly
 
     async with AsyncExitStack() as stack:
         proxy, settings = await open_proxy(stack, [served_model.url], loop_settings(run_config), served_model.key)
-        assert settings.bundle is not None and settings.bundle.sha256 == mswea_bundle.sha256
+        assert settings.bundle is not None and settings.bundle.name == values["SCAFFOLD"]
         with open_backend(CONFIG_BACKENDS[run_config.backend], BackendSettings.of(run_config)) as (backend, image_for):
             _, _, tasks = select_tasks(run_config)
-            labels = {"runctl.run": "mswea"}
+            labels = {"runctl.run": str(values["SCAFFOLD"])}
             loop = TrialLoop(tasks, tmp_path / "trials", settings, backend, image_for, proxy, labels, publish)
             await asyncio.wait_for(loop.run(await loop.recover(), asyncio.Event()), 600)
             assert backend.list_owned(labels) == []
-    folder = tmp_path / "trials" / "write-done" / "trial-0"
+    return tmp_path / "trials" / "write-done" / "trial-0", [r["termination_reason"] for r in records]
+
+
+async def test_a_mswea_trial_drives_the_model_through_the_proxy_and_ends_cleanly(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, mswea_bundle: bundles.Bundle
+) -> None:
+    folder, published = await one_trial(tmp_path, served_model, SCAFFOLD="mswea", AGENT_MAX_ITERATIONS=3)
     record = json.loads((folder / "trial.json").read_text())
     ended = json.loads((folder / "logs" / "agent" / "mswea.json").read_text())
     assert record["agent"] == "mswea" and record["bundle"] == mswea_bundle.record()
     assert ended["exit_status"] == "ContextWindowExceededError" and ended["calls"] == 1
     assert record["termination_reason"] == "overlong" and record["failure"]["cause"] == "agent_budget"
     assert "maximum context length is 1024 tokens" in record["failure"]["message"]
-    assert [r["termination_reason"] for r in records] == ["overlong"]
+    assert published == ["overlong"]
 
 
-def test_the_validator_refuses_mswea_on_the_tiny_model_counting_its_tokens(
-    tmp_path: Path, mswea_bundle: bundles.Bundle
+@pytest.fixture(scope="session")
+def cc_bundle() -> bundles.Bundle:
+    return bundles.build("cc")
+
+
+async def test_a_claude_code_trial_calls_the_proxys_anthropic_surface_and_ends_cleanly(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, cc_bundle: bundles.Bundle
 ) -> None:
-    """What the trial above runs into, caught before launch: the prompt counted with the model's own tokenizer."""
+    """Claude Code's native executable runs in the sandbox, reaches the proxy's Anthropic surface through the relay
+    (its request, with a message of role "system", is translated), and vLLM refuses the output length Claude Code
+    asks of a 1024-token model: a clean ``error`` with that message, not a hang."""
+    folder, published = await one_trial(tmp_path, served_model, SCAFFOLD="cc", AGENT_MAX_ITERATIONS=3)
+    record = json.loads((folder / "trial.json").read_text())
+    ended = json.loads((folder / "logs" / "agent" / "cc.json").read_text())
+    assert record["agent"] == "cc" and record["bundle"] == cc_bundle.record()
+    assert ended["is_error"] and ended["api_error_status"] == 400
+    assert record["termination_reason"] == "error" and record["failure"]["cause"] == "agent"
+    assert "max_tokens=32000 cannot be greater than max_model_len=1024" in record["failure"]["message"]
+    assert published == ["error"]
+
+
+@pytest.mark.parametrize("scaffold", ["mswea", "cc"])
+def test_the_validator_refuses_each_scaffold_on_the_tiny_model_counting_its_tokens(
+    tmp_path: Path, mswea_bundle: bundles.Bundle, cc_bundle: bundles.Bundle, scaffold: str
+) -> None:
+    """What the trials above run into, caught before launch: each agent's own prompt (mini-swe-agent's rendered
+    templates, Claude Code's first request as the bundle's build recorded it) counted with the model's tokenizer."""
     from runctl.config import load_config
     from services.validator.library import check_config
 
-    cfg = config(tmp_path, "infer-cpu.env", SCAFFOLD="mswea")
+    cfg = config(tmp_path, "infer-cpu.env", SCAFFOLD=scaffold)
     (result,) = [r for r in check_config(load_config(cfg, environ={}).model) if r.id == "fit.scaffold_prompt"]
     assert result.severity == "fatal" and "estimated" not in result.message and "tokens" in result.message
     prompt_tokens = int(result.message.split("own prompt is ")[1].split()[0])
     served = int(result.message.split("the model serves ")[1].rstrip("."))
-    assert prompt_tokens > served == 1024  # as vLLM refused the trial above ("at least 1025 input tokens")
+    assert prompt_tokens > served == 1024  # as vLLM refused mswea's trial ("at least 1025 input tokens")

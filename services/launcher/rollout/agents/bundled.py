@@ -1,0 +1,41 @@
+"""What the scaffolds whose agent comes in a bundle (``runctl.bundles``) share: the bundle bound read-only at
+``/runctl/bundle``, the relay to the proxy session on the bundle's own Python (``installed.py``), a home folder in the
+sandbox's ``/tmp``, and the file the agent leaves saying how it ended, read back once it exits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from runctl.bundles import MOUNT, Bundle
+from services.launcher.rollout.agents.installed import InstalledAgent
+from services.sandbox.library import AgentOutcome, Backend, Sandbox
+
+
+class BundledAgent(InstalledAgent):
+    #: Where the agent (or its driver) writes how it ended, inside the sandbox.
+    outcome_file = ""
+
+    def __init__(self, bundle: Bundle, session_path: str, model: str, socket_dir: Path, env: dict[str, str]) -> None:
+        self.bundle = bundle
+        own = {"LD_LIBRARY_PATH": bundle.python_lib, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        binds = ((str(bundle.path), MOUNT, True),)
+        super().__init__(
+            "", session_path, model, socket_dir, bundle.python, False, binds=binds, env={**own, "HOME": "/tmp", **env}
+        )
+
+    def read_outcome(self, backend: Backend, sandbox: Sandbox) -> dict[str, Any] | None:
+        """What the agent left in :attr:`outcome_file` (None: nothing readable)."""
+        read = backend.exec(sandbox, f"cat {self.outcome_file} 2>/dev/null", 30)
+        try:
+            found = json.loads(read.stdout) if read.exit_code == 0 and read.stdout.strip() else None
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
+    def outcome(self, ended: dict[str, Any] | None, exit_code: int) -> AgentOutcome:
+        raise NotImplementedError
+
+    def ended(self, backend: Backend, sandbox: Sandbox, exit_code: int) -> AgentOutcome:
+        return self.outcome(self.read_outcome(backend, sandbox), exit_code)
