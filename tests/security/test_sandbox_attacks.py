@@ -4,6 +4,7 @@ the proxy's socket."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -197,3 +198,36 @@ def test_the_proxy_socket_is_reachable_but_read_only_inside_the_sandbox(tmp_path
     finally:
         backend.destroy(sandbox)
         server.close()
+
+
+def test_an_agent_cannot_change_its_bundle(tmp_path: Path) -> None:
+    """The agent's bundle is bound read-only: agent code inside the sandbox (running as root there) can neither
+    replace its interpreter, plant a file, nor remove one, and the bundle still hashes to its manifest after."""
+    from runctl import bundles
+    from runctl.bundles import Bundle
+
+    folder = tmp_path / "bundles" / "mswea-2.4.6"
+    (folder / "runtime" / "bin").mkdir(parents=True)
+    (folder / "runtime" / "bin" / "python3.11").write_text("#!/bin/sh\necho real\n")
+    manifest = {"format": bundles.FORMAT, "name": "mswea", "version": "2.4.6", "platform": bundles.platform_tag()}
+    manifest |= {"python": "runtime/bin/python3.11", "python_lib": "runtime/lib", "sha256": bundles.tree_hash(folder)}
+    (folder / bundles.MANIFEST).write_text(json.dumps(manifest))
+    proxy = tmp_path / "proxy"
+    proxy.mkdir()
+    from services.launcher.rollout.agents.bundled import BundledAgent
+
+    binds = BundledAgent(Bundle(folder, manifest), "/sess/x", "tiny", proxy, {}).binds
+    backend = LocalBackend(root=tmp_path / "sandboxes")
+    sandbox = backend.create(SandboxSpec(f"sec-{uuid.uuid4().hex[:10]}", None, labels=dict(LABELS), binds=binds))
+    try:
+        for attack in (
+            "echo 'echo hijacked' > /runctl/bundle/runtime/bin/python3.11",
+            "touch /runctl/bundle/runtime/bin/planted",
+            "rm -f /runctl/bundle/manifest.json",
+            "chmod 777 /runctl/bundle/runtime/bin/python3.11",
+        ):
+            done = backend.exec(sandbox, attack, 30, user="0")
+            assert done.exit_code != 0 and "Read-only" in done.stderr, (attack, done)
+    finally:
+        backend.destroy(sandbox)
+    assert bundles.load("mswea", root=tmp_path / "bundles", verify=True).sha256 == manifest["sha256"]
