@@ -164,7 +164,7 @@ def test_a_failed_run_and_a_rejected_one_leave_no_traceback_in_any_service_log(
     wait_for_state(services, failed, "failed")
     record = wait_for_state(services, rejected, "rejected")
     assert any(
-        "the ohsdk, oh, cc and oc scaffolds are not built yet" in c["message"] for c in record["run"]["error"]["checks"]
+        "the ohsdk, oh and oc scaffolds are not built yet" in c["message"] for c in record["run"]["error"]["checks"]
     )
     for name in ("validator", "launcher", "tracker"):
         assert "Traceback" not in services.log(name), name
