@@ -259,7 +259,7 @@ def build(
         try:
             return load(name, version, root)
         except BundleError as e:  # another format or platform, or half of one: built again
-            say(f"building again: {e.message.split(' Fix:')[0]}")
+            say(f"building again: {e.what}")
             force = True
     final.parent.mkdir(parents=True, exist_ok=True)
     work = final.with_name(f".{final.name}.building-{os.getpid()}")

@@ -95,8 +95,7 @@ def fingerprint(bucket: str, value: bytes | None) -> str | None:
     if not value:
         return None
     try:
-        doc = json.loads(value)
-        return str(doc["bcrypt"] if bucket == RUN_LOGINS else doc["token_sha256"])
+        return runlogins.hash_in(value) if bucket == RUN_LOGINS else str(json.loads(value)["token_sha256"])
     except (ValueError, KeyError, TypeError):
         return None
 

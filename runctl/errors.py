@@ -48,6 +48,12 @@ class RunctlError(Exception):
         self.subject = subject
 
     @property
+    def what(self) -> str:
+        """The message without the fix it names (the text before its last ``Fix:``)."""
+        what, found, _ = self.message.rpartition("Fix: ")
+        return what.strip() if found else self.message
+
+    @property
     def fix(self) -> str:
         """The fix the message names (the text after its last ``Fix:``), or "" when it names none."""
         _, found, fix = self.message.rpartition("Fix: ")

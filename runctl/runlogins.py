@@ -63,7 +63,12 @@ async def password_hash(bus: Bus, team: str, run_id: str) -> str | None:
         entry = await kv.get(_key(team, run_id))
     except nats.js.errors.KeyNotFoundError:
         return None
-    return str(json.loads(entry.value)["bcrypt"]) if entry.value else None
+    return hash_in(entry.value) if entry.value else None
+
+
+def hash_in(value: bytes) -> str:
+    """The bcrypt hash a run login's entry in the bucket holds."""
+    return str(json.loads(value)["bcrypt"])
 
 
 async def current(bus: Bus) -> list[RunUser]:
@@ -77,7 +82,7 @@ async def current(bus: Bus) -> list[RunUser]:
             continue
         if entry.value:
             team, _, run_id = key.partition(".")
-            found.append(RunUser(team, run_id, json.loads(entry.value)["bcrypt"]))
+            found.append(RunUser(team, run_id, hash_in(entry.value)))
     return sorted(found, key=lambda u: u.name)
 
 

@@ -4,7 +4,6 @@ the proxy's socket."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -204,19 +203,15 @@ def test_an_agent_cannot_change_its_bundle(tmp_path: Path) -> None:
     """The agent's bundle is bound read-only: agent code inside the sandbox (running as root there) can neither
     replace its interpreter, plant a file, nor remove one, and the bundle still hashes to its manifest after."""
     from runctl import bundles
-    from runctl.bundles import Bundle
+    from tests.infra.bundles import fake_bundle
 
-    folder = tmp_path / "bundles" / "mswea-2.4.6"
-    (folder / "runtime" / "bin").mkdir(parents=True)
-    (folder / "runtime" / "bin" / "python3.11").write_text("#!/bin/sh\necho real\n")
-    manifest = {"format": bundles.FORMAT, "name": "mswea", "version": "2.4.6", "platform": bundles.platform_tag()}
-    manifest |= {"python": "runtime/bin/python3.11", "python_lib": "runtime/lib", "sha256": bundles.tree_hash(folder)}
-    (folder / bundles.MANIFEST).write_text(json.dumps(manifest))
+    fake_bundle(tmp_path / "bundles", interpreter="#!/bin/sh\necho real\n")
+    bundle = bundles.load("mswea", root=tmp_path / "bundles", verify=True)
     proxy = tmp_path / "proxy"
     proxy.mkdir()
     from services.launcher.rollout.agents.bundled import BundledAgent
 
-    binds = BundledAgent(Bundle(folder, manifest), "/sess/x", "tiny", proxy, {}).binds
+    binds = BundledAgent(bundle, "/sess/x", "tiny", proxy, {}).binds
     backend = LocalBackend(root=tmp_path / "sandboxes")
     sandbox = backend.create(SandboxSpec(f"sec-{uuid.uuid4().hex[:10]}", None, labels=dict(LABELS), binds=binds))
     try:
@@ -230,4 +225,4 @@ def test_an_agent_cannot_change_its_bundle(tmp_path: Path) -> None:
             assert done.exit_code != 0 and "Read-only" in done.stderr, (attack, done)
     finally:
         backend.destroy(sandbox)
-    assert bundles.load("mswea", root=tmp_path / "bundles", verify=True).sha256 == manifest["sha256"]
+    assert bundles.load("mswea", root=tmp_path / "bundles", verify=True).sha256 == bundle.sha256

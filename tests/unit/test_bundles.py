@@ -4,7 +4,6 @@ tests/integration/test_scaffold_mswea.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,23 +11,7 @@ import pytest
 from runctl import bundles
 from runctl.bundles import BundleError
 from services.launcher.rollout.agents.mswea import outcome_of
-
-
-def fake_bundle(root: Path, **manifest: object) -> Path:
-    folder = root / "mswea-2.4.6"
-    (folder / "runtime" / "bin").mkdir(parents=True)
-    (folder / "runtime" / "bin" / "python3.11").write_text("#!/bin/sh\n")
-    doc = {
-        "name": "mswea",
-        "version": "2.4.6",
-        "platform": bundles.platform_tag(),
-        "format": bundles.FORMAT,
-        "python": "runtime/bin/python3.11",
-    }
-    doc |= manifest
-    doc.setdefault("sha256", bundles.tree_hash(folder))
-    (folder / bundles.MANIFEST).write_text(json.dumps(doc))
-    return folder
+from tests.infra.bundles import fake_bundle
 
 
 def test_a_missing_bundle_is_refused_with_the_command_that_builds_it(tmp_path: Path) -> None:
@@ -94,8 +77,7 @@ def test_the_validator_counts_the_agents_prompt_against_the_served_context(
     from services.validator.library import check_config
 
     data = Path(__file__).parents[1] / "data"
-    folder = fake_bundle(tmp_path)
-    (folder / bundles.PROMPT).write_text("Answer with one command. " * 40)  # ~330 tokens by the estimate
+    fake_bundle(tmp_path, prompt="Answer with one command. " * 40)  # ~330 tokens by the estimate
     monkeypatch.setenv("RUNCTL_AGENTS_DIR", str(tmp_path))
     base = (data / "configs" / "good" / "eval-tiny-cpu.env").read_text() + "SCAFFOLD=mswea\n"
 

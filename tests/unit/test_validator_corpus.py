@@ -6,7 +6,6 @@ means a fatal result with that id; ``# expect-warn: ID`` a warning.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -17,28 +16,12 @@ from runctl.errors import ConfigError
 from runctl.events import CheckResult
 from services.validator.library import check_config, issue_results, registered
 from tests.conftest import ROOT
+from tests.infra.bundles import fake_bundle
 
 DATA = ROOT / "tests" / "data"
 GOOD = sorted((DATA / "configs" / "good").glob("*.env"))
 BROKEN = sorted((DATA / "configs" / "broken").glob("*.env"))
 ENVIRON = {"RUNCTL_TEST_DATA": str(DATA)}
-
-
-def fake_bundles(root: Path) -> Path:
-    from runctl import bundles
-
-    folder = bundles.bundle_path("mswea", root=root)
-    folder.mkdir(parents=True)
-    (folder / bundles.PROMPT).write_text("Your response must contain exactly ONE bash code block. " * 130)
-    manifest = {
-        "name": "mswea",
-        "version": "2.4.6",
-        "platform": bundles.platform_tag(),
-        "format": bundles.FORMAT,
-        "sha256": "0" * 64,
-    }
-    (folder / bundles.MANIFEST).write_text(json.dumps(manifest | {"python": "runtime/bin/python3.11"}))
-    return root
 
 
 def results_for(text: str, name: str) -> list[CheckResult]:
@@ -66,7 +49,9 @@ def _no_ambient_logger_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path_fac
 
     monkeypatch.setenv("RUNCTL_TEAM_PATHS", "/srv/teams/{team}")  # as a shared cluster's services are set
     # The machine's agent bundles: mswea's default version only, with a prompt of about 1,300 tokens.
-    monkeypatch.setenv("RUNCTL_AGENTS_DIR", str(fake_bundles(tmp_path_factory.mktemp("agents"))))
+    agents = tmp_path_factory.mktemp("agents")
+    fake_bundle(agents, prompt="Your response must contain exactly ONE bash code block. " * 130)
+    monkeypatch.setenv("RUNCTL_AGENTS_DIR", str(agents))
 
     for needs in LOGGER_NEEDS.values():
         for name in (*needs.any_of, *(needs.free_modes or ())[:1]):

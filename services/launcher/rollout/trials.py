@@ -33,7 +33,7 @@ from runctl.layout import TRAJECTORY, TRIAL_RECORD, trial_folder
 from runctl.tasks import Task
 from services.launcher.errors import EngineError
 from services.launcher.rollout.agents.claude_code import ClaudeCodeAgent
-from services.launcher.rollout.agents.installed import InstalledAgent
+from services.launcher.rollout.agents.installed import IN_SANDBOX, InstalledAgent
 from services.launcher.rollout.agents.mswea import MsweaAgent
 from services.launcher.rollout.agents.terminal import TerminalAgent, trial_seed
 from services.proxy.library import ProxyServer
@@ -246,19 +246,18 @@ class TrialLoop:
         s = self.settings
         if s.agent in ("oracle", "nop"):
             return make_agent(s.agent)
-        if s.agent == "cc":
-            assert s.bundle is not None and s.socket_dir
+        if s.agent in IN_SANDBOX:  # reaches its session through the relay: by its path, on the relay's address
+            assert s.socket_dir
             session_path = urlsplit(base_url).path.removesuffix("/v1")
-            return ClaudeCodeAgent(s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.max_tokens)
-        if s.agent == "mswea":
-            assert s.bundle is not None and s.socket_dir
-            session_path = urlsplit(base_url).path.removesuffix("/v1")
-            return MsweaAgent(
-                s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.temperature, s.max_tokens
-            )
-        if s.agent == "installed":
-            assert s.agent_command and s.socket_dir
-            session_path = urlsplit(base_url).path.removesuffix("/v1")
+            if s.agent == "cc":
+                assert s.bundle is not None
+                return ClaudeCodeAgent(s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.max_tokens)
+            if s.agent == "mswea":
+                assert s.bundle is not None
+                return MsweaAgent(
+                    s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.temperature, s.max_tokens
+                )
+            assert s.agent_command
             return InstalledAgent(
                 s.agent_command, session_path, s.served_model, s.socket_dir, sys.executable, s.local_backend
             )

@@ -293,6 +293,5 @@ def agent_bundle(ctx: Context) -> Verdict:
     try:
         bundle = bundles.load(scaffold, version)
     except bundles.BundleError as e:
-        what, _, _ = e.message.rpartition(" Fix: ")
-        return fatal(what, e.fix)
+        return fatal(e.what, e.fix)
     return ok(f"SCAFFOLD={scaffold}: its bundle {bundle.version} is built for this platform ({bundle.sha256[:12]}…)")
