@@ -442,8 +442,11 @@ async def test_the_launcher_closes_a_revoked_or_replaced_logins_connection(bus: 
         assert callout is not None
         first = await runner(await runlogins.issue(callout.bus, TEAM, "r4"))
         second = await runner(await runlogins.issue(callout.bus, TEAM, "r4"))
-        await async_wait_until(lambda: first.is_closed, 10, "the replaced login's connection to be closed")
+        # The server closes the connection before it answers the launcher's request: wait for both.
+        closed = "the replaced login's connection to be closed and counted"
+        await async_wait_until(lambda: first.is_closed and callout.kicked >= 1, 10, closed)
         assert not second.is_closed and callout.kicked == 1
         await runlogins.revoke(callout.bus, TEAM, "r4")
-        await async_wait_until(lambda: second.is_closed, 10, "the revoked login's connection to be closed")
+        closed = "the revoked login's connection to be closed and counted"
+        await async_wait_until(lambda: second.is_closed and callout.kicked >= 2, 10, closed)
         assert callout.kicked == 2 and callout.let_in.get((TEAM, "r4")) is None
