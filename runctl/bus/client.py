@@ -39,7 +39,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from runctl.bus.kv import RELOAD_GRACE_S
+from runctl.bus.kv import through_reload
 from runctl.errors import BusError, BusUnreachableError, EventError, PublishError
 from runctl.events.envelope import Event, parse_event
 from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
@@ -436,14 +436,7 @@ class Bus:
     async def _ensure(self, config: api.StreamConfig, *, update: bool) -> None:
         """Make or update one stream, asking again through the 503 answers of a configuration reload (the embedded
         stack reloads nats-server when a team is added: ``runctl.bus.kv.RELOAD_GRACE_S``)."""
-        deadline = time.monotonic() + RELOAD_GRACE_S
-        while True:
-            try:
-                return await self._ensure_once(config, update=update)
-            except nats.js.errors.ServiceUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        await through_reload(lambda: self._ensure_once(config, update=update))
 
     async def _ensure_once(self, config: api.StreamConfig, *, update: bool) -> None:
         try:

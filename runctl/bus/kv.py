@@ -10,17 +10,38 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-#: How long a listing is asked again while JetStream answers 503 (a configuration reload takes milliseconds).
+#: How long a request is asked again while JetStream answers 503 (a configuration reload takes milliseconds).
 RELOAD_GRACE_S = 5.0
+T = TypeVar("T")
+
+
+async def through_reload(ask: Callable[[], Awaitable[T]]) -> T:
+    """``ask()``, asked again while JetStream answers 503, for up to ``RELOAD_GRACE_S``: its API does so for a moment
+    while nats-server reloads its configuration (the embedded stack reloads it when a team is added and for each run
+    login issued or revoked: ``runctl.runlogins``)."""
+    deadline = time.monotonic() + RELOAD_GRACE_S
+    while True:
+        try:
+            return await ask()
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 async def open_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
-    """The bucket, made (history 1) if it does not exist yet."""
+    """The bucket, made (history 1) if it does not exist yet; through a reload's 503 answers."""
+    return await through_reload(lambda: _open_bucket(js, bucket))
+
+
+async def _open_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
     try:
         return await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
@@ -31,19 +52,8 @@ async def open_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
 
 
 async def bucket_keys(js: JetStreamContext, bucket: str, prefix: str = "") -> list[str]:
-    """Keys in ``bucket`` (those under ``prefix.`` when given). Deleted keys may be listed: a ``get`` skips them.
-
-    JetStream's API answers 503 for a moment while nats-server reloads its configuration (the embedded stack reloads
-    it for each run login issued or revoked: ``runctl.runlogins``); such an answer is asked again, for up to
-    ``RELOAD_GRACE_S``."""
+    """Keys in ``bucket`` (those under ``prefix.`` when given), through a reload's 503 answers. Deleted keys may be
+    listed: a ``get`` skips them."""
     pattern = f"$KV.{bucket}.{prefix}.>" if prefix else f"$KV.{bucket}.>"
-    deadline = time.monotonic() + RELOAD_GRACE_S
-    while True:
-        try:
-            info = await js.stream_info(f"KV_{bucket}", subjects_filter=pattern)
-            break
-        except nats.js.errors.ServiceUnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+    info = await through_reload(lambda: js.stream_info(f"KV_{bucket}", subjects_filter=pattern))
     return [subject.removeprefix(f"$KV.{bucket}.") for subject in info.state.subjects or {}]
