@@ -39,7 +39,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from runctl.bus.kv import through_reload
+from runctl.bus.kv import jetstream
 from runctl.errors import BusError, BusUnreachableError, EventError, PublishError
 from runctl.events.envelope import Event, parse_event
 from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
@@ -296,7 +296,7 @@ class Bus:
 
     def __init__(self, nc: NATS, url: str) -> None:
         self.nc = nc
-        self.js: JetStreamContext = nc.jetstream()
+        self.js: JetStreamContext = jetstream(nc)
         self.url = url
         self._window = 8_000
         self._ack_prefix = ""
@@ -387,7 +387,7 @@ class Bus:
         anything); on the services' login, ``team``'s, through the import of its account's JetStream API."""
         team = team or self.team
         assert team is not None
-        js = self.js if team == self.team else self.nc.jetstream(prefix=team_api(team))
+        js = self.js if team == self.team else jetstream(self.nc, prefix=team_api(team))
         try:
             await js.stream_info(VIEW_STREAM)
             return
@@ -434,11 +434,7 @@ class Bus:
         self._teams_ready.add(team)
 
     async def _ensure(self, config: api.StreamConfig, *, update: bool) -> None:
-        """Make or update one stream, asking again through the 503 answers of a configuration reload (the embedded
-        stack reloads nats-server when a team is added: ``runctl.bus.kv.RELOAD_GRACE_S``)."""
-        await through_reload(lambda: self._ensure_once(config, update=update))
-
-    async def _ensure_once(self, config: api.StreamConfig, *, update: bool) -> None:
+        """Make or update one stream."""
         try:
             info = await self.js.stream_info(config.name)  # type: ignore[arg-type]
         except nats.js.errors.NotFoundError:
