@@ -11,7 +11,9 @@ come from (the package index pip is configured with), under ``bundles_root()/<na
 - ``prompt.txt``: what the agent sends before the task's own words (its system prompt and the frame around the
   task, rendered once at build time), which the validator counts in the model's tokens against its context.
 - ``manifest.json``: the agent, its version, the runtime's version and platform, every package installed with its
-  version, the prompt's length, when it was built, and ``sha256``, a hash of every file's path, mode and content
+  version, the prompt's length, the agent's peak resident memory as it started (``peak_rss_mb``: an npm agent's while
+  it sent its first request, a Python agent's while it imported itself and rendered its prompt), when it was built,
+  and ``sha256``, a hash of every file's path, mode and content
   (:func:`tree_hash`): a trial records it, and a bundle whose files no longer hash to it is refused.
 
 The folder is made under a temporary name, made read-only, and renamed into place: a bundle that exists is whole.
@@ -38,7 +40,7 @@ from runctl.errors import RunctlError
 
 MANIFEST = "manifest.json"
 #: The layout of a bundle this runctl builds and reads; a bundle of another is built again.
-FORMAT = 2
+FORMAT = 3
 #: Where a bundle's runtime lives inside the sandbox (bound read-only).
 MOUNT = "/runctl/bundle"
 
@@ -62,15 +64,22 @@ class Spec:
     executable: str = ""
     """npm agents: the native executable under the install folder (``{platform}``: ``linux-x64``, say)."""
     capture_args: tuple[str, ...] = ()
-    """npm agents: how to start the executable headless for one request, which a stand-in Anthropic server on
-    loopback records as the agent's prompt (its system prompt, its messages before the task, its tools)."""
+    """npm agents: how to start the executable headless for one request, which a stand-in server on loopback (the
+    Anthropic and OpenAI surfaces both) records as the agent's prompt (its system prompt, its messages before the
+    task, its tools)."""
+    capture_env: tuple[tuple[str, str], ...] = ()
+    """npm agents: the environment that points the agent at the stand-in server (``{url}``: its address) with its
+    update checks and telemetry off."""
+    drop: tuple[str, ...] = ()
+    """npm agents: globs under ``node_modules`` of packages npm installs that the bundle does not run (another
+    build of the same executable for older CPUs, say), removed before the bundle is hashed."""
 
 
 #: mini-swe-agent's text-based prompts (the ones mswea_run.py uses), rendered as its agent renders them.
 _MSWEA_PROMPT = r"""
 import platform, sys
 from pathlib import Path
-import minisweagent, yaml
+import litellm, minisweagent, yaml  # litellm: mswea_run.py's start, measured as the agent's memory
 from jinja2 import StrictUndefined, Template
 agent = yaml.safe_load((Path(minisweagent.__file__).parent / "config" / "mini_textbased.yaml").read_text())["agent"]
 names = ("system", "node", "release", "version", "machine")
@@ -79,6 +88,24 @@ text = "\n".join(Template(agent[k], undefined=StrictUndefined).render(**values)
                   for k in ("system_template", "instance_template"))
 Path(sys.argv[1]).write_text(text)
 """
+
+#: OpenCode pointed at the stand-in server through an OpenAI-compatible provider (the one its scaffold configures).
+_OPENCODE_CAPTURE = json.dumps(
+    {
+        "provider": {
+            "build": {
+                "npm": "@ai-sdk/openai-compatible",
+                "options": {"baseURL": "{url}/v1", "apiKey": "runctl-build"},
+                "models": {"model": {"name": "model"}},
+            }
+        },
+        "model": "build/model",
+        "small_model": "build/model",
+        "autoupdate": False,
+        "share": "disabled",
+        "compaction": {"auto": False},
+    }
+)
 
 SPECS: dict[str, Spec] = {
     "mswea": Spec("mswea", "mini-swe-agent", "2.4.6", "python", "mini-swe-agent, through litellm", _MSWEA_PROMPT),
@@ -100,6 +127,30 @@ SPECS: dict[str, Spec] = {
             "1",
             "--dangerously-skip-permissions",
         ),  # fmt: skip
+        capture_env=(
+            ("ANTHROPIC_BASE_URL", "{url}"),
+            ("ANTHROPIC_API_KEY", "runctl-build"),
+            ("IS_SANDBOX", "1"),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+            ("DISABLE_AUTOUPDATER", "1"),
+            ("DISABLE_TELEMETRY", "1"),
+        ),
+    ),
+    "oc": Spec(
+        "oc",
+        "opencode-ai",
+        "1.18.33",
+        "npm",
+        "OpenCode, its native executable",
+        executable="node_modules/opencode-{platform}/bin/opencode",
+        capture_args=("run", "--pure", "--title", "build", "--format", "json", "ok"),
+        capture_env=(
+            ("OPENCODE_CONFIG_CONTENT", _OPENCODE_CAPTURE),
+            ("OPENCODE_DISABLE_AUTOUPDATE", "1"),
+            ("OPENCODE_DISABLE_MODELS_FETCH", "1"),
+            ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1"),
+        ),
+        drop=("opencode-*-baseline*", "opencode-*-musl*"),
     ),
 }
 PROMPT = "prompt.txt"
@@ -178,6 +229,12 @@ class Bundle:
     def executable(self) -> str:
         """The agent's executable (an npm agent's native one, a Python agent's interpreter), as the sandbox sees it."""
         return f"{MOUNT}/{self.manifest['executable']}"
+
+    @property
+    def peak_rss_mb(self) -> int | None:
+        """The agent's peak resident memory as it started, measured when the bundle was built (None: not measured)."""
+        peak = self.manifest.get("peak_rss_mb")
+        return int(peak) if isinstance(peak, int) and peak > 0 else None
 
     def prompt(self) -> str:
         """What the agent sends before the task's own words (rendered when the bundle was built)."""
@@ -328,12 +385,11 @@ def _install_python(spec: Spec, version: str, work: Path, say: Callable[[str], N
         raise BundleError(f"the bundle's Python does not start: {frozen.stderr.strip()[-1500:]}")
     if spec.prompt_script:
         say("rendering the agent's own prompt, to count against a model's context")
-        prompt = subprocess.run(
-            [str(python), "-c", spec.prompt_script, str(work / PROMPT)], capture_output=True, text=True, env=env
-        )
+        prompt, peak_mb = _measured([str(python), "-c", spec.prompt_script, str(work / PROMPT)], work, env=env)
         if prompt.returncode != 0:
             raise BundleError(f"{spec.package} did not render its prompt: {prompt.stderr.strip()[-1500:]}")
     return {
+        **({"peak_rss_mb": peak_mb} if spec.prompt_script else {}),
         "runtime": f"python {platform.python_version()}",
         "python": f"runtime/bin/{executable}",
         "python_lib": "runtime/lib",
@@ -364,6 +420,9 @@ def _install_npm(spec: Spec, version: str, work: Path, say: Callable[[str], None
             f"npm could not install {spec.package}@{version}: {installed.stderr.strip()[-1500:]}. Fix: check the "
             "version exists on the registry npm is configured with (npm's own message above)."
         )
+    for pattern in spec.drop:
+        for unused in (work / "runtime" / "node_modules").glob(pattern):
+            shutil.rmtree(unused)
     executable = work / "runtime" / spec.executable.format(platform=_npm_platform())
     if not executable.is_file():
         raise BundleError(
@@ -373,10 +432,16 @@ def _install_npm(spec: Spec, version: str, work: Path, say: Callable[[str], None
     if ran.returncode != 0:
         raise BundleError(f"{spec.package}'s executable does not start here: {ran.stderr.strip()[-1500:]}")
     packages = json.loads((work / "runtime" / "package-lock.json").read_text()).get("packages", {})
-    pinned = sorted((k.removeprefix("node_modules/"), v.get("version", "")) for k, v in packages.items() if k)
+    pinned = sorted(
+        (k.removeprefix("node_modules/"), v.get("version", ""))
+        for k, v in packages.items()
+        if k and (work / "runtime" / k).exists()
+    )
+    measured: dict[str, object] = {}
     if spec.capture_args:
         say("recording the agent's first request, to count its prompt against a model's context")
-        (work / PROMPT).write_text(_captured_prompt(executable, spec.capture_args, work))
+        prompt, measured["peak_rss_mb"] = _captured_prompt(executable, spec, work)
+        (work / PROMPT).write_text(prompt)
     say(f"copying this machine's Python {platform.python_version()} for the relay to the proxy")
     python = _copy_python(work / "python")
     return {
@@ -385,12 +450,14 @@ def _install_npm(spec: Spec, version: str, work: Path, say: Callable[[str], None
         "python_lib": "python/lib",
         "executable": str(executable.relative_to(work)),
         "packages": pinned,
+        **measured,
     }
 
 
-def _captured_prompt(executable: Path, args: tuple[str, ...], work: Path) -> str:
-    """The text of the first Messages request the agent sends (system, messages and tools), answered 400 by a stand-in
-    server on loopback so that the agent stops there."""
+def _captured_prompt(executable: Path, spec: Spec, work: Path) -> tuple[str, int]:
+    """The text of the first request with messages the agent sends (system, messages and tools), answered 400 by a
+    stand-in server on loopback, in the surface's own error format, so that the agent stops there; and the agent's
+    peak resident memory meanwhile, in MiB."""
     import http.server
     import threading
 
@@ -399,7 +466,10 @@ def _captured_prompt(executable: Path, args: tuple[str, ...], work: Path) -> str
     class StandIn(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             bodies.append(self.rfile.read(int(self.headers.get("content-length") or 0)))
-            answer = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "recorded"}}'
+            if self.path.endswith("/chat/completions"):
+                answer = b'{"object": "error", "message": "recorded", "type": "BadRequestError", "code": 400}'
+            else:
+                answer = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "recorded"}}'
             self.send_response(400)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(answer)))
@@ -413,27 +483,50 @@ def _captured_prompt(executable: Path, args: tuple[str, ...], work: Path) -> str
     threading.Thread(target=server.serve_forever, daemon=True).start()
     home = work.with_name(work.name + ".home")
     home.mkdir()
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_address[1]}",
-        "ANTHROPIC_API_KEY": "runctl-build",
-        "IS_SANDBOX": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_TELEMETRY": "1",
-    }
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
+    env |= {"XDG_CACHE_HOME": str(home / ".cache"), "XDG_DATA_HOME": str(home / ".data")}
+    env |= {key: value.replace("{url}", url) for key, value in spec.capture_env}
     try:
-        subprocess.run([str(executable), *args], env=env, capture_output=True, timeout=120, cwd=home)
+        _, peak_mb = _measured([str(executable), *spec.capture_args], work, 120, env=env, cwd=home)
     finally:
         server.shutdown()
         shutil.rmtree(home, ignore_errors=True)
     requests = [json.loads(b) for b in bodies if b.strip()]
     first = next((r for r in requests if r.get("messages")), None)
     if first is None:
-        raise BundleError(f"{executable.name} sent no Messages request to the stand-in server within 120 s.")
+        raise BundleError(f"{executable.name} sent no request with messages to the stand-in server within 120 s.")
     parts = [json.dumps(first.get("system") or ""), json.dumps(first["messages"]), json.dumps(first.get("tools") or [])]
-    return "\n".join(parts)
+    return "\n".join(parts), peak_mb
+
+
+#: Runs argv[3:] as its one child, killed after argv[2] seconds, and writes the child's peak resident memory in KiB
+#: to argv[1] (a fresh process's RUSAGE_CHILDREN is its one child's, and that child's own children's).
+_PEAK = (
+    "import resource, subprocess, sys\n"
+    "try:\n"
+    "    code = subprocess.run(sys.argv[3:], timeout=float(sys.argv[2])).returncode\n"
+    "except subprocess.TimeoutExpired:\n"
+    "    code = 124\n"
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+    "sys.exit(code)\n"
+)
+
+
+def _measured(
+    argv: list[str], work: Path, timeout_s: float = 600, **run: object
+) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``subprocess.run(argv)`` (text output captured, killed after ``timeout_s``) and the peak resident memory of what
+    it started, in MiB."""
+    peak = work.with_name(work.name + ".peak")
+    try:
+        done: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+            [sys.executable, "-c", _PEAK, str(peak), str(timeout_s), *argv], capture_output=True, text=True, **run
+        )
+        kib = int(peak.read_text()) if peak.exists() else 0
+    finally:
+        peak.unlink(missing_ok=True)
+    return done, -(-kib // 1024)
 
 
 def _npm_platform() -> str:

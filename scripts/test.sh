@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 # network namespace, which has none).
 .venv/bin/runctl agents build mswea
 .venv/bin/runctl agents build cc
+.venv/bin/runctl agents build oc
 count=${RUNCTL_TEST_WORKERS:-$(nproc)}
 light=${RUNCTL_TEST_LIGHT_WORKERS:-1}
 [ "$count" != 0 ] || light=0

@@ -18,7 +18,9 @@ app.add_typer(agents_app, name="agents")
 
 @agents_app.command("build")
 def agents_build(
-    name: Annotated[str, typer.Argument(help="The scaffold whose agent to bundle (mswea).", show_default=False)],
+    name: Annotated[
+        str, typer.Argument(help="The scaffold whose agent to bundle (mswea, cc or oc).", show_default=False)
+    ],
     version: Annotated[
         str | None, typer.Option(help="The agent's version (its package's); not given: the default.")
     ] = None,

@@ -120,7 +120,7 @@ class NotBuilt:
 
 
 def _agent_scaffold(c: RunConfig) -> bool:
-    return c.scaffold in ("ohsdk", "oh", "oc")
+    return c.scaffold in ("ohsdk", "oh")
 
 
 def _local_train(c: RunConfig) -> TypeGuard[TrainConfig]:
@@ -318,15 +318,15 @@ NOT_BUILT: tuple[NotBuilt, ...] = (
     NotBuilt(
         "SCAFFOLD",
         lambda c: c.engine != "fake" and _agent_scaffold(c),
-        "this build drives runctl's terminal agent, installed agents, mini-swe-agent (mswea) and Claude Code (cc); "
-        "the ohsdk, oh and oc scaffolds are not built yet",
+        "this build drives runctl's terminal agent, installed agents, mini-swe-agent (mswea), Claude Code (cc) and "
+        "OpenCode (oc); the ohsdk and oh scaffolds are not built yet",
         "SCAFFOLD=installed with AGENT_COMMAND set to the command that starts that agent inside the task's image",
     ),
     NotBuilt(
         "SCAFFOLD",
-        lambda c: _verl_train(c) and c.scaffold in ("installed", "mswea", "cc"),
-        "an agent inside the sandbox (installed, mswea, cc) reaches its proxy session through the proxy's Unix socket, "
-        "which runctl's trial host inside verl does not open yet",
+        lambda c: _verl_train(c) and c.scaffold in ("installed", "mswea", "cc", "oc"),
+        "an agent inside the sandbox (installed, mswea, cc, oc) reaches its proxy session through the proxy's Unix "
+        "socket, which runctl's trial host inside verl does not open yet",
         "SCAFFOLD=terminal for ENGINE=verl, or ENGINE=local to train with an agent inside the sandbox",
     ),
     NotBuilt(

@@ -118,13 +118,42 @@ async def test_a_claude_code_trial_calls_the_proxys_anthropic_surface_and_ends_c
     assert published == ["error"]
 
 
-@pytest.mark.parametrize("scaffold", ["mswea", "cc"])
+@pytest.fixture(scope="session")
+def oc_bundle() -> bundles.Bundle:
+    return bundles.build("oc")
+
+
+async def test_an_opencode_trial_calls_the_proxys_openai_surface_and_ends_cleanly(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, oc_bundle: bundles.Bundle
+) -> None:
+    """OpenCode's native executable runs in the sandbox with its provider configured at the proxy's OpenAI surface
+    through the relay; its first request (system prompt and tools) outgrows the 1024-token model, vLLM says so, and
+    OpenCode — its compaction off — reports a context overflow: a clean ``overlong`` after one call, not a loop."""
+    folder, published = await one_trial(
+        tmp_path, served_model, SCAFFOLD="oc", AGENT_MAX_ITERATIONS=3, SANDBOX_MEMORY_MB=1024
+    )
+    record = json.loads((folder / "trial.json").read_text())
+    events = [json.loads(line) for line in (folder / "logs" / "agent" / "oc.jsonl").read_text().splitlines()]
+    assert record["agent"] == "oc" and record["bundle"] == oc_bundle.record()
+    assert (oc_bundle.peak_rss_mb or 0) > 100  # measured as its build ran it: the sandbox here is given 1024 MiB
+    assert [e["error"]["name"] for e in events if e["type"] == "error"] == ["ContextOverflowError"]
+    assert record["termination_reason"] == "overlong" and record["failure"]["cause"] == "agent_budget"
+    assert "maximum context length is 1024 tokens" in record["failure"]["message"]
+    assert published == ["overlong"]
+    trajectory = json.loads((folder / "trajectory.json").read_text())
+    assert trajectory["errors"] == 1 and trajectory["turns"] == []  # its one call, refused: nothing to train on
+
+
+@pytest.mark.parametrize("scaffold", ["mswea", "cc", "oc"])
 def test_the_validator_refuses_each_scaffold_on_the_tiny_model_counting_its_tokens(
-    tmp_path: Path, mswea_bundle: bundles.Bundle, cc_bundle: bundles.Bundle, scaffold: str
+    tmp_path: Path, scaffold: str, request: pytest.FixtureRequest
 ) -> None:
     """What the trials above run into, caught before launch: each agent's own prompt (mini-swe-agent's rendered
-    templates, Claude Code's first request as the bundle's build recorded it) counted with the model's tokenizer."""
+    templates, Claude Code's and OpenCode's first requests as the bundle's build recorded them) counted with the
+    model's tokenizer."""
     from runctl.config import load_config
+
+    request.getfixturevalue(f"{scaffold}_bundle")
     from services.validator.library import check_config
 
     cfg = config(tmp_path, "infer-cpu.env", SCAFFOLD=scaffold)

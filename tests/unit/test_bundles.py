@@ -17,8 +17,8 @@ from tests.infra.bundles import fake_bundle
 def test_a_missing_bundle_is_refused_with_the_command_that_builds_it(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match=r"not built .* Fix: `runctl agents build mswea`"):
         bundles.load("mswea", root=tmp_path)
-    with pytest.raises(BundleError, match="no agent 'oc' has a bundle"):
-        bundles.load("oc", root=tmp_path)
+    with pytest.raises(BundleError, match="no agent 'ohsdk' has a bundle"):
+        bundles.load("ohsdk", root=tmp_path)
 
 
 def test_a_bundle_for_another_platform_or_changed_since_is_refused(tmp_path: Path) -> None:
@@ -92,6 +92,25 @@ def test_the_validator_counts_the_agents_prompt_against_the_served_context(
     assert verdict(2048)[0] == "ok"
 
 
+@pytest.mark.parametrize(("sandbox_mb", "severity"), [(200, "fatal"), (230, "warn"), (264, "ok")])
+def test_the_validator_holds_the_sandboxes_memory_against_the_agents_measured_peak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sandbox_mb: int, severity: str
+) -> None:
+    from runctl.config import resolve_text
+    from services.validator.library import check_config
+
+    data = Path(__file__).parents[1] / "data"
+    fake_bundle(tmp_path, peak_rss_mb=200)
+    monkeypatch.setenv("RUNCTL_AGENTS_DIR", str(tmp_path))
+    text = (data / "configs" / "good" / "eval-tiny-cpu.env").read_text()
+    text += f"SCAFFOLD=mswea\nSANDBOX_MEMORY_MB={sandbox_mb}\n"
+    resolved = resolve_text(text, "run.env", environ={"RUNCTL_TEST_DATA": str(data)})
+    (result,) = [r for r in check_config(resolved.model) if r.id == "sandbox.agent_memory"]
+    assert result.severity == severity, result.message
+    if severity != "ok":
+        assert "reached 200 MiB" in result.message and "SANDBOX_MEMORY_MB=264" in result.fix
+
+
 @pytest.mark.parametrize(
     ("ended", "reason"),
     [
@@ -113,3 +132,57 @@ def test_claude_codes_result_maps_to_a_termination_reason(ended: dict[str, objec
     assert outcome.termination_reason == reason
     if reason == "error" and ended and ended.get("result"):
         assert str(ended["result"]) in outcome.failure[1]  # type: ignore[index]
+
+
+def _oc_events(*kinds: str, reason: str = "stop", error: dict[str, object] | None = None) -> list[dict[str, object]]:
+    """OpenCode's JSON events as ``opencode run --format json`` prints them (the fields the mapping reads)."""
+    events: list[dict[str, object]] = []
+    for kind in kinds:
+        if kind == "step":
+            events += [{"type": "step_start"}, {"type": "step_finish", "part": {"reason": reason}}]
+        elif kind == "error":
+            events.append({"type": "error", "error": error})
+    return events
+
+
+@pytest.mark.parametrize(
+    ("events", "reason", "words"),
+    [
+        (_oc_events("step"), "agent_completed", None),
+        (_oc_events("step", "step", "step", reason="tool-calls"), "max_turns", "3 steps"),
+        (
+            _oc_events("error", error={"name": "ContextOverflowError", "data": {"message": "maximum context length"}}),
+            "overlong",
+            "ContextOverflowError",
+        ),
+        (
+            _oc_events("step", "error", error={"name": "APIError", "data": {"message": "no replica"}}),
+            "error",
+            "no replica",
+        ),
+        (_oc_events("step", reason="tool-calls"), "error", "last step ended: tool-calls"),
+        ([], "error", "exited with code 1 without an event"),
+    ],
+)
+def test_opencodes_events_map_to_a_termination_reason(
+    events: list[dict[str, object]], reason: str, words: str | None
+) -> None:
+    from services.launcher.rollout.agents.opencode import oc_outcome
+
+    outcome = oc_outcome(events, 1, max_turns=3)
+    assert outcome.termination_reason == reason
+    if words:
+        assert words in outcome.failure[1]  # type: ignore[index]
+
+
+def test_opencodes_configuration_points_its_one_provider_at_the_session_within_the_runs_limits() -> None:
+    from services.launcher.rollout.agents.opencode import oc_config
+
+    config = oc_config("http://127.0.0.1:8377/sess/t/v1", "tiny", 5, 1024, 64)
+    provider = config["provider"]["runctl"]
+    assert provider["options"]["baseURL"] == "http://127.0.0.1:8377/sess/t/v1"
+    assert provider["models"]["tiny"]["limit"] == {"context": 1024, "output": 64}
+    assert config["model"] == config["small_model"] == "runctl/tiny"
+    assert config["compaction"] == {"auto": False} and config["agent"]["build"]["steps"] == 5
+    assert config["share"] == "disabled" and config["autoupdate"] is False
+    assert "limit" not in oc_config("u", "tiny", 5, None, None)["provider"]["runctl"]["models"]["tiny"]

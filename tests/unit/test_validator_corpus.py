@@ -48,9 +48,10 @@ def _no_ambient_logger_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path_fac
     from services.validator.rules import LOGGER_NEEDS
 
     monkeypatch.setenv("RUNCTL_TEAM_PATHS", "/srv/teams/{team}")  # as a shared cluster's services are set
-    # The machine's agent bundles: mswea's default version only, with a prompt of about 1,300 tokens.
+    # The machine's agent bundles: mswea's default version only, with a prompt of about 1,300 tokens and 200 MiB of
+    # memory as it starts.
     agents = tmp_path_factory.mktemp("agents")
-    fake_bundle(agents, prompt="Your response must contain exactly ONE bash code block. " * 130)
+    fake_bundle(agents, prompt="Your response must contain exactly ONE bash code block. " * 130, peak_rss_mb=200)
     monkeypatch.setenv("RUNCTL_AGENTS_DIR", str(agents))
 
     for needs in LOGGER_NEEDS.values():

@@ -35,6 +35,7 @@ from services.launcher.errors import EngineError
 from services.launcher.rollout.agents.claude_code import ClaudeCodeAgent
 from services.launcher.rollout.agents.installed import IN_SANDBOX, InstalledAgent
 from services.launcher.rollout.agents.mswea import MsweaAgent
+from services.launcher.rollout.agents.opencode import OpenCodeAgent
 from services.launcher.rollout.agents.terminal import TerminalAgent, trial_seed
 from services.proxy.library import ProxyServer
 from services.sandbox.library import Agent, Backend, TrialLimits, TrialRunner, make_agent
@@ -60,7 +61,7 @@ class LoopSettings:
     max_context_tokens: int | None = None
     agent_command: str | None = None
     bundle: Bundle | None = None
-    """The scaffold's agent bundle (SCAFFOLD=mswea), verified when the run started."""
+    """The scaffold's agent bundle (SCAFFOLD=mswea, cc or oc), verified when the run started."""
     socket_dir: Path | None = None
     """Where the proxy's Unix socket is (installed agents reach the proxy through it)."""
     local_backend: bool = True
@@ -252,6 +253,12 @@ class TrialLoop:
             if s.agent == "cc":
                 assert s.bundle is not None
                 return ClaudeCodeAgent(s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.max_tokens)
+            if s.agent == "oc":
+                assert s.bundle is not None
+                return OpenCodeAgent(
+                    s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.max_tokens,
+                    s.max_context_tokens,
+                )  # fmt: skip
             if s.agent == "mswea":
                 assert s.bundle is not None
                 return MsweaAgent(

@@ -179,6 +179,52 @@ def local_backend(ctx: Context) -> Verdict:
     return ok(f"bubblewrap makes sandboxes here; {len(tasks)} task(s) need nothing it cannot do")
 
 
+#: What a sandbox needs beside the agent itself: the relay to the proxy, the shell, the commands the agent runs.
+AGENT_HEADROOM_MB = 64
+
+
+@check(
+    "sandbox.agent_memory",
+    SANDBOX,
+    "every trial on those tasks killed as it starts: the agent alone needs more memory than the sandbox has",
+)
+def agent_memory(ctx: Context) -> Verdict:
+    from runctl import bundles
+
+    c = ctx.config
+    if c.scaffold not in bundles.SPECS or c.engine == "fake":
+        return skip(f"SCAFFOLD={c.scaffold} runs no bundled agent in the sandbox")
+    try:
+        peak = bundles.load(c.scaffold, c.agent_version).peak_rss_mb
+    except bundles.BundleError:
+        return skip("the bundle is not built (model.agent_bundle says so)")
+    if peak is None:
+        return skip(f"SCAFFOLD={c.scaffold}'s bundle has no measured memory (built by an older runctl)")
+    need = peak + AGENT_HEADROOM_MB
+    tasks = indexed_tasks(ctx)
+    memory = {t.id: c.sandbox_memory_mb or t.config.environment.memory_mb for t in tasks}
+    killed = [task for task, mb in memory.items() if mb <= peak]
+    tight = [task for task, mb in memory.items() if peak < mb < need]
+    measured = f"SCAFFOLD={c.scaffold}'s agent reached {peak} MiB as it started (measured when its bundle was built)"
+    fix = (
+        f"SANDBOX_MEMORY_MB={need} or more (it overrides every task's [environment] memory_mb), or raise those tasks' "
+        "memory_mb."
+    )
+    if killed:
+        return fatal(
+            f"{measured}, but {len(killed)} of {len(tasks)} task(s) ({', '.join(killed[:3])}) give the sandbox "
+            f"{min(memory[t] for t in killed)} MiB or less: the agent is killed before it answers.",
+            fix,
+        )
+    if tight:
+        return warn(
+            f"{measured}; {len(tight)} task(s) ({', '.join(tight[:3])}) leave it less than {AGENT_HEADROOM_MB} MiB "
+            "for the relay and the commands it runs.",
+            fix,
+        )
+    return ok(f"SCAFFOLD={c.scaffold}'s agent needs about {need} MiB; every one of {len(tasks)} task(s) has that")
+
+
 def _networks(c: RunConfig, task: Task) -> set[str]:
     """The networks a task's sandboxes get under this config (the agent's, and a separate verifier's)."""
     found: set[str] = {c.agent_network or task.config.environment.network_mode or "no-network"}
