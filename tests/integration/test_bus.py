@@ -302,20 +302,21 @@ async def test_a_second_submission_with_the_same_run_id_fails_loudly(nats_server
 async def test_making_a_teams_streams_asks_again_through_a_reloads_503(
     bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """nats-server answers JetStream's API with 503 for a moment while it reloads (the stack reloads it when a team
-    is added, just as `runctl team add` makes the team's streams)."""
-    import nats.js.errors
+    """nats-server answers JetStream's API with 503 ("no responders") for a moment while it reloads (the stack reloads
+    it when a team is added, just as `runctl team add` makes the team's streams)."""
+    import nats.errors
 
     real = bus.js.stream_info
+    request = bus.nc.request
     refused = []
 
-    async def reloading(name: str, subjects_filter: str | None = None) -> object:
-        if len(refused) < 2:
-            refused.append(name)
-            raise nats.js.errors.ServiceUnavailableError()
-        return await real(name, subjects_filter=subjects_filter)
+    async def reloading(subject: str, *args: object, **kwargs: object) -> object:
+        if subject.startswith("$JS.API.STREAM.INFO.") and len(refused) < 2:
+            refused.append(subject)
+            raise nats.errors.NoRespondersError()
+        return await request(subject, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(bus.js, "stream_info", reloading)
+    monkeypatch.setattr(bus.nc, "request", reloading)
     await bus.ensure_streams(teams=["reloaded"])
     assert len(refused) == 2
     assert (await real(team_stream(RUNS_STREAM, "reloaded"))).config.discard == "new"
