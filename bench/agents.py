@@ -4,12 +4,12 @@ agent in the same run.
 It starts one CPU replica of the tiny model as a run does (``services/launcher/rollout/replicas.py``, its key
 required), and the run's proxy in front of it (``open_proxy``: the Unix socket the in-sandbox agents reach through
 the relay), then runs ``--trials`` trials of ``examples/tasks/write-done`` on the local backend (bubblewrap, network
-off) with each scaffold in turn — ``terminal`` (runctl's agent, on the host), ``mswea`` and ``cc`` (from their bundles:
-``runctl agents build``) — ``--rounds`` times, the order rotating. For each trial it reads the agent phase's seconds
-(``durations_s.agent_execution``: the agent's start in the sandbox to its end) and the trial's wall time, and prints,
-per scaffold, the median agent phase, trials per minute, how the trials ended, and both as ratios to the terminal
-agent's. With the tiny model (1024 tokens) mini-swe-agent's and Claude Code's first request does not fit, so their
-agent phase is their start-up and one refused call; the terminal agent solves the task in a few turns.
+off, 1024 MiB each) with each scaffold in turn — ``terminal`` (runctl's agent, on the host), ``mswea``, ``cc``, ``oc``
+and ``ohsdk`` (from their bundles: ``runctl agents build``) — ``--rounds`` times, the order rotating. For each trial
+it reads the agent phase's seconds (``durations_s.agent_execution``: the agent's start in the sandbox to its end)
+and the trial's wall time, and prints, per scaffold, the median agent phase, trials per minute, how the trials ended,
+and both as ratios to the terminal agent's. With the tiny model (1024 tokens) no bundled agent's first request fits,
+so their agent phase is their start-up and one refused call; the terminal agent solves the task in a few turns.
 
     python bench/agents.py [--trials 4] [--rounds 2] [--model .cache/tinymodel]
 """
@@ -42,13 +42,16 @@ from runctl.ports import free_port  # noqa: E402
 from services.launcher.rollout.groupwatch import command_env  # noqa: E402
 from services.launcher.rollout.replicas import vllm_argv, vllm_env, with_guard  # noqa: E402
 
-SCAFFOLDS = ("terminal", "mswea", "cc")
+SCAFFOLDS = ("terminal", "mswea", "cc", "oc", "ohsdk")
+#: Sandbox memory for every scaffold alike: OpenCode alone needs about 520 MiB (sandbox.agent_memory).
+SANDBOX_MEMORY_MB = 1024
 
 
 def config_file(folder: Path, model: Path, tasks: Path, scaffold: str, trials: int) -> Path:
     text = (ROOT / "configs" / "examples" / "infer-cpu.env").read_text()
     lines = [line for line in text.splitlines() if not line.startswith(("MODEL_PATH=", "INDEX_FILE=", "N_TRIALS="))]
     lines += [f"MODEL_PATH={model}", f"INDEX_FILE={tasks}", f"N_TRIALS={trials}", f"SCAFFOLD={scaffold}"]
+    lines.append(f"SANDBOX_MEMORY_MB={SANDBOX_MEMORY_MB}")
     path = folder / f"{scaffold}.env"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -118,7 +121,8 @@ def main() -> int:
             warm = config_file(root / "warm-up", args.model.resolve(), tasks, "terminal", args.trials)
             asyncio.run(trials_of(root / "warm-up", url, key, warm))
             for round_ in range(args.rounds):
-                order = SCAFFOLDS[round_ % 3 :] + SCAFFOLDS[: round_ % 3]
+                turn = round_ % len(SCAFFOLDS)
+                order = SCAFFOLDS[turn:] + SCAFFOLDS[:turn]
                 for scaffold in order:
                     folder = root / f"{scaffold}-{round_}"
                     folder.mkdir()

@@ -70,6 +70,11 @@ class Spec:
     capture_env: tuple[tuple[str, str], ...] = ()
     """npm agents: the environment that points the agent at the stand-in server (``{url}``: its address) with its
     update checks and telemetry off."""
+    python: str = ""
+    """Python agents: the CPython version the agent needs (``3.12``), found on this machine (``pythonX.Y`` on the
+    path, or pyenv's); empty: the one runctl runs on."""
+    extra: tuple[str, ...] = ()
+    """Python agents: more packages installed beside the agent, pinned (``openhands-tools=={version}``)."""
     drop: tuple[str, ...] = ()
     """npm agents: globs under ``node_modules`` of packages npm installs that the bundle does not run (another
     build of the same executable for older CPUs, say), removed before the bundle is hashed."""
@@ -105,6 +110,35 @@ _OPENCODE_CAPTURE = json.dumps(
         "share": "disabled",
         "compaction": {"auto": False},
     }
+)
+
+#: The OpenHands SDK's agent as ohsdk_run.py makes it (its tools for a shell session), sent one message by a
+#: conversation against the stand-in server: its first request is the agent's prompt.
+_OHSDK_CAPTURE = r"""
+import os
+from openhands.sdk import LLM, Agent, Conversation, Tool
+from openhands.tools.file_editor import FileEditorTool
+from openhands.tools.task_tracker import TaskTrackerTool
+from openhands.tools.terminal import TerminalTool
+llm = LLM(model="openai/build", base_url=os.environ["OPENAI_BASE_URL"], api_key="runctl-build", num_retries=0)
+tools = [Tool(name=TerminalTool.name, params={"terminal_type": "subprocess"}), Tool(name=FileEditorTool.name),
+         Tool(name=TaskTrackerTool.name)]
+conversation = Conversation(agent=Agent(llm=llm, tools=tools), workspace=os.getcwd(), max_iteration_per_run=1,
+                            visualizer=None)
+conversation.send_message("ok")
+try:
+    conversation.run()
+except Exception:
+    pass
+"""
+
+#: What the OpenHands SDK reads at start: no banner, no refusal of a short context (runctl's validator counts the
+#: prompt against the served context instead), no telemetry.
+OHSDK_ENV = (
+    ("OPENHANDS_SUPPRESS_BANNER", "1"),
+    ("ALLOW_SHORT_CONTEXT_WINDOWS", "true"),
+    ("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
+    ("LITELLM_TELEMETRY", "False"),
 )
 
 SPECS: dict[str, Spec] = {
@@ -151,6 +185,17 @@ SPECS: dict[str, Spec] = {
             ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1"),
         ),
         drop=("opencode-*-baseline*", "opencode-*-musl*"),
+    ),
+    "ohsdk": Spec(
+        "ohsdk",
+        "openhands-sdk",
+        "1.58.2",
+        "python",
+        "the OpenHands SDK's agent, on CPython 3.12",
+        _OHSDK_CAPTURE,
+        capture_env=(("OPENAI_BASE_URL", "{url}/v1"), *OHSDK_ENV),
+        python="3.12",
+        extra=("openhands-tools=={version}",),
     ),
 }
 PROMPT = "prompt.txt"
@@ -279,17 +324,45 @@ def load(name: str, version: str | None = None, root: Path | None = None, verify
     return Bundle(path, manifest)
 
 
-def _copy_python(runtime: Path) -> str:
-    """A copy of this machine's CPython under ``runtime`` (no site-packages, no tests); its executable's name."""
-    base = Path(sys.base_prefix)
-    executable = f"python{sysconfig.get_python_version()}"
+def find_python(version: str) -> str:
+    """An interpreter of CPython ``version`` on this machine: runctl's own if it is that version, else ``pythonX.Y``
+    on the path that runs, else pyenv's.
+
+    Raises:
+        BundleError: none found.
+    """
+    if not version or version == sysconfig.get_python_version():
+        return sys.executable
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    found = [shutil.which(f"python{version}")] + sorted(str(p) for p in pyenv.glob(f"{version}*/bin/python{version}"))
+    for candidate in found:
+        if candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    raise BundleError(
+        f"the agent needs CPython {version}, which is not on this machine (python{version} on the path, or pyenv's). "
+        f"Fix: install it (`pyenv install {version}`, or the distribution's python{version} package)."
+    )
+
+
+_WHERE = (
+    "import json, sys, sysconfig; print(json.dumps([sys.base_prefix, sysconfig.get_python_version(), "
+    "sysconfig.get_path('stdlib', vars={'installed_base': sys.base_prefix})]))"
+)
+
+
+def _copy_python(runtime: Path, interpreter: str = sys.executable) -> str:
+    """A copy of an interpreter's CPython under ``runtime`` (no site-packages, no tests); its executable's name."""
+    base_text, version, stdlib_text = json.loads(
+        subprocess.run([interpreter, "-c", _WHERE], capture_output=True, text=True, check=True).stdout
+    )
+    base, stdlib = Path(base_text), Path(stdlib_text)
+    executable = f"python{version}"
     (runtime / "bin").mkdir(parents=True)
     shutil.copy2(base / "bin" / executable, runtime / "bin" / executable)
     (runtime / "bin" / "python3").symlink_to(executable)
     (runtime / "lib").mkdir()
     for lib in (base / "lib").glob("libpython*.so*"):
         shutil.copy2(lib, runtime / "lib" / lib.name, follow_symlinks=False)
-    stdlib = Path(sysconfig.get_path("stdlib", vars={"installed_base": str(base)}))
     skip = {"site-packages", "test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "__pycache__"}
     shutil.copytree(stdlib, runtime / "lib" / stdlib.name, ignore=lambda _d, names: [n for n in names if n in skip])
     (runtime / "lib" / stdlib.name / "site-packages").mkdir()
@@ -361,21 +434,22 @@ def build(
 
 
 def _install_python(spec: Spec, version: str, work: Path, say: Callable[[str], None]) -> dict[str, object]:
-    say(f"copying this machine's Python {platform.python_version()} into the bundle")
-    executable = _copy_python(work / "runtime")
+    interpreter = find_python(spec.python)
+    say(f"copying this machine's Python {spec.python or platform.python_version()} ({interpreter}) into the bundle")
+    executable = _copy_python(work / "runtime", interpreter)
     python = work / "runtime" / "bin" / executable
     env = {**os.environ, **runtime_env(work / "runtime")}
-    say(f"installing {spec.package}=={version} and its dependencies (from pip's configured index)")
+    packages = [f"{spec.package}=={version}", *(extra.format(version=version) for extra in spec.extra)]
+    say(f"installing {', '.join(packages)} and their dependencies (from pip's configured index)")
     installed = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
-         "--no-warn-script-location", "--ignore-installed", "--prefix", str(work / "runtime"),
-         f"{spec.package}=={version}"],
+        [interpreter, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+         "--no-warn-script-location", "--ignore-installed", "--prefix", str(work / "runtime"), *packages],
         capture_output=True, text=True, env=env,
     )  # fmt: skip
     if installed.returncode != 0:
         raise BundleError(
-            f"pip could not install {spec.package}=={version}: {installed.stderr.strip()[-1500:]}. Fix: check "
-            "the version exists on the package index pip is configured with (pip's own message above)."
+            f"pip could not install {' '.join(packages)}: {installed.stderr.strip()[-1500:]}. Fix: check the "
+            "version exists on the package index pip is configured with (pip's own message above)."
         )
     say("byte-compiling and checking that the agent imports in its runtime")
     subprocess.run([str(python), "-m", "compileall", "-q", "-j0", str(work / "runtime" / "lib")],
@@ -383,18 +457,25 @@ def _install_python(spec: Spec, version: str, work: Path, say: Callable[[str], N
     frozen = subprocess.run([str(python), "-c", _FREEZE], capture_output=True, text=True, env=env)
     if frozen.returncode != 0:
         raise BundleError(f"the bundle's Python does not start: {frozen.stderr.strip()[-1500:]}")
-    if spec.prompt_script:
+    measured: dict[str, object] = {}
+    if spec.prompt_script and spec.capture_env:
+        say("recording the agent's first request, to count its prompt against a model's context")
+        argv = [str(python), "-c", spec.prompt_script]
+        prompt_text, measured["peak_rss_mb"] = _captured_prompt(argv, spec, work, runtime_env(work / "runtime"))
+        (work / PROMPT).write_text(prompt_text)
+    elif spec.prompt_script:
         say("rendering the agent's own prompt, to count against a model's context")
-        prompt, peak_mb = _measured([str(python), "-c", spec.prompt_script, str(work / PROMPT)], work, env=env)
-        if prompt.returncode != 0:
-            raise BundleError(f"{spec.package} did not render its prompt: {prompt.stderr.strip()[-1500:]}")
+        rendered, measured["peak_rss_mb"] = _measured([str(python), "-c", spec.prompt_script, str(work / PROMPT)],
+                                                      work, env=env)  # fmt: skip
+        if rendered.returncode != 0:
+            raise BundleError(f"{spec.package} did not render its prompt: {rendered.stderr.strip()[-1500:]}")
     return {
-        **({"peak_rss_mb": peak_mb} if spec.prompt_script else {}),
-        "runtime": f"python {platform.python_version()}",
+        "runtime": f"python {executable.removeprefix('python')}",
         "python": f"runtime/bin/{executable}",
         "python_lib": "runtime/lib",
         "executable": f"runtime/bin/{executable}",
         "packages": json.loads(frozen.stdout),
+        **measured,
     }
 
 
@@ -440,7 +521,7 @@ def _install_npm(spec: Spec, version: str, work: Path, say: Callable[[str], None
     measured: dict[str, object] = {}
     if spec.capture_args:
         say("recording the agent's first request, to count its prompt against a model's context")
-        prompt, measured["peak_rss_mb"] = _captured_prompt(executable, spec, work)
+        prompt, measured["peak_rss_mb"] = _captured_prompt([str(executable), *spec.capture_args], spec, work)
         (work / PROMPT).write_text(prompt)
     say(f"copying this machine's Python {platform.python_version()} for the relay to the proxy")
     python = _copy_python(work / "python")
@@ -454,7 +535,7 @@ def _install_npm(spec: Spec, version: str, work: Path, say: Callable[[str], None
     }
 
 
-def _captured_prompt(executable: Path, spec: Spec, work: Path) -> tuple[str, int]:
+def _captured_prompt(argv: list[str], spec: Spec, work: Path, env: dict[str, str] | None = None) -> tuple[str, int]:
     """The text of the first request with messages the agent sends (system, messages and tools), answered 400 by a
     stand-in server on loopback, in the surface's own error format, so that the agent stops there; and the agent's
     peak resident memory meanwhile, in MiB."""
@@ -484,18 +565,19 @@ def _captured_prompt(executable: Path, spec: Spec, work: Path) -> tuple[str, int
     home = work.with_name(work.name + ".home")
     home.mkdir()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
-    env |= {"XDG_CACHE_HOME": str(home / ".cache"), "XDG_DATA_HOME": str(home / ".data")}
+    env = {**(env or {}), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
+    env |= {"XDG_CONFIG_HOME": str(home / ".config"), "XDG_CACHE_HOME": str(home / ".cache")}
+    env |= {"XDG_DATA_HOME": str(home / ".data")}
     env |= {key: value.replace("{url}", url) for key, value in spec.capture_env}
     try:
-        _, peak_mb = _measured([str(executable), *spec.capture_args], work, 120, env=env, cwd=home)
+        _, peak_mb = _measured(argv, work, 120, env=env, cwd=home)
     finally:
         server.shutdown()
         shutil.rmtree(home, ignore_errors=True)
     requests = [json.loads(b) for b in bodies if b.strip()]
     first = next((r for r in requests if r.get("messages")), None)
     if first is None:
-        raise BundleError(f"{executable.name} sent no request with messages to the stand-in server within 120 s.")
+        raise BundleError(f"{spec.package} sent no request with messages to the stand-in server within 120 s.")
     parts = [json.dumps(first.get("system") or ""), json.dumps(first["messages"]), json.dumps(first.get("tools") or [])]
     return "\n".join(parts), peak_mb
 

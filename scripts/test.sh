@@ -18,9 +18,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # The agent bundles the scaffold tests run (built once per machine, from the package index: before the suite's
 # network namespace, which has none).
-.venv/bin/runctl agents build mswea
-.venv/bin/runctl agents build cc
-.venv/bin/runctl agents build oc
+.venv/bin/runctl agents build mswea cc oc ohsdk
 count=${RUNCTL_TEST_WORKERS:-$(nproc)}
 light=${RUNCTL_TEST_LIGHT_WORKERS:-1}
 [ "$count" != 0 ] || light=0

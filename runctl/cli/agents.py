@@ -18,20 +18,43 @@ app.add_typer(agents_app, name="agents")
 
 @agents_app.command("build")
 def agents_build(
-    name: Annotated[
-        str, typer.Argument(help="The scaffold whose agent to bundle (mswea, cc or oc).", show_default=False)
+    names: Annotated[
+        list[str],
+        typer.Argument(help="The scaffolds whose agents to bundle (mswea, cc, oc, ohsdk).", show_default=False),
     ],
     version: Annotated[
-        str | None, typer.Option(help="The agent's version (its package's); not given: the default.")
+        str | None, typer.Option(help="The agent's version (its package's; one agent only); not given: the default.")
     ] = None,
     force: Annotated[bool, typer.Option(help="Build again even if the bundle exists.")] = False,
 ) -> None:
-    """Build an agent's bundle from the package index pip is configured with; trials then need no network."""
+    """Build agents' bundles from the package indexes pip and npm are configured with (several at once, side by side);
+    trials then need no network."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from runctl import bundles
 
+    if version is not None and len(names) > 1:
+        raise bundles.BundleError(
+            f"--version {version} names one agent's version, but {len(names)} agents were given. Fix: build them one "
+            "at a time, each with its own --version."
+        )
     console = new_console()
-    bundle = bundles.build(name, version, force=force, say=lambda line: console.print(f"  {line}"))
-    console.print(f"{bundle.name} {bundle.version}: {bundle.path} (sha256 {bundle.sha256[:16]}…)")
+
+    def one(name: str) -> bundles.Bundle:
+        say = (lambda line: console.print(f"  {name}: {line}")) if len(names) > 1 else console.print
+        return bundles.build(name, version, force=force, say=say)
+
+    failed: list[str] = []
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        for name, future in [(name, pool.submit(one, name)) for name in dict.fromkeys(names)]:
+            try:
+                bundle = future.result()
+            except bundles.BundleError as e:
+                failed.append(f"{name}: {e}")
+                continue
+            console.print(f"{bundle.name} {bundle.version}: {bundle.path} (sha256 {bundle.sha256[:16]}…)")
+    if failed:
+        raise bundles.BundleError("; ".join(failed))
 
 
 @agents_app.command("list")

@@ -129,12 +129,12 @@ class AgentSection(Section):
     title: ClassVar[str] = "Agent and sandbox"
     scaffold: Literal["terminal", "installed", "mswea", "ohsdk", "oh", "cc", "oc"] = "terminal"
     """Agent scaffold: terminal (runctl's built-in, on the host), installed (AGENT_COMMAND, inside the sandbox),
-    mswea (mini-swe-agent), cc (Claude Code) and oc (OpenCode), each inside the sandbox from its bundle (`runctl
-    agents build SCAFFOLD`), ohsdk (OpenHands SDK), oh (OpenHands)."""
+    mswea (mini-swe-agent), cc (Claude Code), oc (OpenCode) and ohsdk (OpenHands SDK), each inside the sandbox from
+    its bundle (`runctl agents build SCAFFOLD`), oh (OpenHands: refused)."""
     agent_name: str | None = None
     """Agent loop name inside the scaffold; unset picks the scaffold's default."""
     agent_version: str | None = None
-    """A bundled scaffold's agent version (SCAFFOLD=mswea, cc or oc): the bundle `runctl agents build SCAFFOLD
+    """A bundled scaffold's agent version (SCAFFOLD=mswea, cc, oc or ohsdk): the bundle `runctl agents build SCAFFOLD
     --version V` made on the runner's machine; unset picks the scaffold's default version."""
     agent_command: str | None = None
     """SCAFFOLD=installed: the shell command that starts the agent inside the sandbox. It finds its model at

@@ -36,7 +36,7 @@ AGENTS_BY_SCAFFOLD: dict[str, tuple[str, ...]] = {
     "terminal": ("terminal", "oracle", "nop"),
     "installed": ("installed",),
     "mswea": ("mswea",),
-    "ohsdk": ("openhands_sdk", "codeact"),
+    "ohsdk": ("openhands_sdk",),
     "oh": ("openhands", "codeact"),
     "cc": ("claude_code",),
     "oc": ("opencode",),
@@ -120,7 +120,7 @@ class NotBuilt:
 
 
 def _agent_scaffold(c: RunConfig) -> bool:
-    return c.scaffold in ("ohsdk", "oh")
+    return c.scaffold == "oh"
 
 
 def _local_train(c: RunConfig) -> TypeGuard[TrainConfig]:
@@ -318,15 +318,16 @@ NOT_BUILT: tuple[NotBuilt, ...] = (
     NotBuilt(
         "SCAFFOLD",
         lambda c: c.engine != "fake" and _agent_scaffold(c),
-        "this build drives runctl's terminal agent, installed agents, mini-swe-agent (mswea), Claude Code (cc) and "
-        "OpenCode (oc); the ohsdk and oh scaffolds are not built yet",
+        "this build drives runctl's terminal agent, installed agents, mini-swe-agent (mswea), Claude Code (cc), "
+        "OpenCode (oc) and the OpenHands SDK (ohsdk); full OpenHands (oh) runs its own runtime containers, which a "
+        "sandbox does not hold",
         "SCAFFOLD=installed with AGENT_COMMAND set to the command that starts that agent inside the task's image",
     ),
     NotBuilt(
         "SCAFFOLD",
-        lambda c: _verl_train(c) and c.scaffold in ("installed", "mswea", "cc", "oc"),
-        "an agent inside the sandbox (installed, mswea, cc, oc) reaches its proxy session through the proxy's Unix "
-        "socket, which runctl's trial host inside verl does not open yet",
+        lambda c: _verl_train(c) and c.scaffold in ("installed", "mswea", "cc", "oc", "ohsdk"),
+        "an agent inside the sandbox (installed, mswea, cc, oc, ohsdk) reaches its proxy session through the proxy's "
+        "Unix socket, which runctl's trial host inside verl does not open yet",
         "SCAFFOLD=terminal for ENGINE=verl, or ENGINE=local to train with an agent inside the sandbox",
     ),
     NotBuilt(

@@ -163,7 +163,9 @@ def test_a_failed_run_and_a_rejected_one_leave_no_traceback_in_any_service_log(
     rejected = submit(services, eval_config(tmp_path, SCAFFOLD="oh", AGENT_NAME="openhands"))
     wait_for_state(services, failed, "failed")
     record = wait_for_state(services, rejected, "rejected")
-    assert any("the ohsdk and oh scaffolds are not built yet" in c["message"] for c in record["run"]["error"]["checks"])
+    assert any(
+        "full OpenHands (oh) runs its own runtime containers" in c["message"] for c in record["run"]["error"]["checks"]
+    )
     for name in ("validator", "launcher", "tracker"):
         assert "Traceback" not in services.log(name), name
 

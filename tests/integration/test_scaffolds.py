@@ -144,13 +144,39 @@ async def test_an_opencode_trial_calls_the_proxys_openai_surface_and_ends_cleanl
     assert trajectory["errors"] == 1 and trajectory["turns"] == []  # its one call, refused: nothing to train on
 
 
-@pytest.mark.parametrize("scaffold", ["mswea", "cc", "oc"])
+@pytest.fixture(scope="session")
+def ohsdk_bundle() -> bundles.Bundle:
+    return bundles.build("ohsdk")
+
+
+async def test_an_openhands_sdk_trial_runs_on_its_own_python_and_ends_cleanly(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, ohsdk_bundle: bundles.Bundle
+) -> None:
+    """The SDK's agent runs on the bundle's CPython 3.12 (the host's Python is 3.11) with its shell tools, calls the
+    proxy's OpenAI surface through the relay, and its first request (system prompt and five tools) outgrows the
+    1024-token model: a clean ``overlong`` with litellm's own words, after one refused call."""
+    folder, published = await one_trial(
+        tmp_path, served_model, SCAFFOLD="ohsdk", AGENT_MAX_ITERATIONS=3, SANDBOX_MEMORY_MB=1024
+    )
+    record = json.loads((folder / "trial.json").read_text())
+    ended = json.loads((folder / "logs" / "agent" / "ohsdk.json").read_text())
+    assert record["agent"] == "ohsdk" and record["bundle"] == ohsdk_bundle.record()
+    assert ohsdk_bundle.manifest["runtime"] == "python 3.12" and (ohsdk_bundle.peak_rss_mb or 0) > 100
+    assert ended["status"] == "error" and "ContextWindowExceeded" in ended["message"], ended
+    assert record["termination_reason"] == "overlong" and record["failure"]["cause"] == "agent_budget"
+    assert "maximum context length is 1024 tokens" in record["failure"]["message"]
+    assert published == ["overlong"]
+    trajectory = json.loads((folder / "trajectory.json").read_text())
+    assert trajectory["errors"] == 1 and trajectory["turns"] == []
+
+
+@pytest.mark.parametrize("scaffold", ["mswea", "cc", "oc", "ohsdk"])
 def test_the_validator_refuses_each_scaffold_on_the_tiny_model_counting_its_tokens(
     tmp_path: Path, scaffold: str, request: pytest.FixtureRequest
 ) -> None:
     """What the trials above run into, caught before launch: each agent's own prompt (mini-swe-agent's rendered
-    templates, Claude Code's and OpenCode's first requests as the bundle's build recorded them) counted with the
-    model's tokenizer."""
+    templates; Claude Code's, OpenCode's and the OpenHands SDK's first requests as the bundle's build recorded them)
+    counted with the model's tokenizer."""
     from runctl.config import load_config
 
     request.getfixturevalue(f"{scaffold}_bundle")

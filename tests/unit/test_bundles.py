@@ -17,8 +17,8 @@ from tests.infra.bundles import fake_bundle
 def test_a_missing_bundle_is_refused_with_the_command_that_builds_it(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match=r"not built .* Fix: `runctl agents build mswea`"):
         bundles.load("mswea", root=tmp_path)
-    with pytest.raises(BundleError, match="no agent 'ohsdk' has a bundle"):
-        bundles.load("ohsdk", root=tmp_path)
+    with pytest.raises(BundleError, match="no agent 'oh' has a bundle"):
+        bundles.load("oh", root=tmp_path)
 
 
 def test_a_bundle_for_another_platform_or_changed_since_is_refused(tmp_path: Path) -> None:
@@ -186,3 +186,50 @@ def test_opencodes_configuration_points_its_one_provider_at_the_session_within_t
     assert config["compaction"] == {"auto": False} and config["agent"]["build"]["steps"] == 5
     assert config["share"] == "disabled" and config["autoupdate"] is False
     assert "limit" not in oc_config("u", "tiny", 5, None, None)["provider"]["runctl"]["models"]["tiny"]
+
+
+@pytest.mark.parametrize(
+    ("ended", "reason", "words"),
+    [
+        ({"status": "finished", "code": "", "message": ""}, "agent_completed", None),
+        (
+            {
+                "status": "error",
+                "code": "MaxIterationsReached",
+                "message": "Agent reached maximum iterations limit (3).",
+            },
+            "max_turns",
+            "MaxIterationsReached",
+        ),
+        (
+            {"status": "error", "code": "ConversationRunError", "message": "litellm.ContextWindowExceededError: …"},
+            "overlong",
+            "ContextWindowExceededError",
+        ),
+        ({"status": "stuck", "code": "", "message": ""}, "error", "stuck"),
+        ({"status": "error", "code": "LLMBadRequestError", "message": "no replica"}, "error", "no replica"),
+        (None, "error", "exited with code 1 before it began"),
+    ],
+)
+def test_the_openhands_sdks_ending_maps_to_a_termination_reason(
+    ended: dict[str, object] | None, reason: str, words: str | None
+) -> None:
+    from services.launcher.rollout.agents.ohsdk import ohsdk_outcome
+
+    outcome = ohsdk_outcome(ended, 1)
+    assert outcome.termination_reason == reason
+    if words:
+        assert words in outcome.failure[1]  # type: ignore[index]
+
+
+def test_agents_build_refuses_one_version_for_several_agents_and_names_an_unknown_one(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    runctl = [str(Path(sys.executable).with_name("runctl")), "agents", "build"]
+    env = {"PATH": "/usr/bin:/bin", "RUNCTL_AGENTS_DIR": str(tmp_path)}
+    both = subprocess.run([*runctl, "cc", "oc", "--version", "1.0"], capture_output=True, text=True, env=env)
+    assert both.returncode == 1 and "--version 1.0 names one agent's version, but 2 agents" in both.stderr
+    unknown = subprocess.run([*runctl, "oh"], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 1 and "no agent 'oh' has a bundle" in unknown.stderr
+    assert list(tmp_path.iterdir()) == []

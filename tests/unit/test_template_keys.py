@@ -210,7 +210,7 @@ VARIABLES = ("MODEL_ROOT",)
 #: Key → (a value this build does not carry out, what the refusal says), for ENGINE=local infer and eval.
 REFUSED: dict[str, tuple[str, str]] = {
     "ENGINE": ("verl", "ENGINE=verl carries train runs"),
-    "SCAFFOLD": ("ohsdk", "the ohsdk and oh scaffolds are not built yet"),
+    "SCAFFOLD": ("oh", "full OpenHands (oh) runs its own runtime containers"),
     "AGENT_NETWORK": ("allowlist", "no sandbox backend enforces an egress allowlist yet"),
     "AGENT_ALLOWED_HOSTS": ("pypi.org", "only an egress allowlist reads AGENT_ALLOWED_HOSTS"),
     "DATASET_NAME": ("terminal-bench", "no registry of named datasets yet"),
@@ -273,7 +273,7 @@ def test_an_honoured_key_is_read_where_the_table_says(key: str, modules: tuple[s
 @pytest.mark.parametrize("key", sorted(REFUSED))
 def test_a_refused_key_is_fatal_with_what_is_not_built(key: str) -> None:
     value, says = REFUSED[key]
-    extra = f"{key}={value}\n" + ("AGENT_NAME=openhands_sdk\n" if key == "SCAFFOLD" else "")
+    extra = f"{key}={value}\n" + ("AGENT_NAME=openhands\n" if key == "SCAFFOLD" else "")
     if key == "DATASET_NAME":
         extra += "DATASET_PATH=\n"
     fatal = [r for r in results("eval", extra) if r.severity == "fatal"]

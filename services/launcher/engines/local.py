@@ -244,8 +244,8 @@ def loop_settings(config: RunConfig) -> LoopSettings:
     if config.scaffold not in ("terminal", "installed", *SPECS):
         raise EngineError(
             f"SCAFFOLD={config.scaffold}: this build's runner drives the terminal agent, installed agents, "
-            "mini-swe-agent (mswea), Claude Code (cc) and OpenCode (oc). Fix: SCAFFOLD=installed with AGENT_COMMAND "
-            "set to the command that starts that agent in the task's image.",
+            "mini-swe-agent (mswea), Claude Code (cc), OpenCode (oc) and the OpenHands SDK (ohsdk). Fix: "
+            "SCAFFOLD=installed with AGENT_COMMAND set to the command that starts that agent in the task's image.",
             phase="environment",
         )
     # A bundled scaffold has one agent (AGENT_NAME may name it, as the validator checks): the scaffold's own.

@@ -32,15 +32,24 @@ from runctl.home import write_atomic
 from runctl.layout import TRAJECTORY, TRIAL_RECORD, trial_folder
 from runctl.tasks import Task
 from services.launcher.errors import EngineError
+from services.launcher.rollout.agents.bundled import Budget, BundledAgent
 from services.launcher.rollout.agents.claude_code import ClaudeCodeAgent
 from services.launcher.rollout.agents.installed import IN_SANDBOX, InstalledAgent
 from services.launcher.rollout.agents.mswea import MsweaAgent
+from services.launcher.rollout.agents.ohsdk import OpenHandsSdkAgent
 from services.launcher.rollout.agents.opencode import OpenCodeAgent
 from services.launcher.rollout.agents.terminal import TerminalAgent, trial_seed
 from services.proxy.library import ProxyServer
 from services.sandbox.library import Agent, Backend, TrialLimits, TrialRunner, make_agent
 
 log = logging.getLogger(__name__)
+#: The scaffolds whose agent comes in a bundle (runctl.bundles), each started the same way.
+BUNDLED: dict[str, Callable[[Bundle, str, str, Path, Budget], BundledAgent]] = {
+    "mswea": MsweaAgent,
+    "cc": ClaudeCodeAgent,
+    "oc": OpenCodeAgent,
+    "ohsdk": OpenHandsSdkAgent,
+}
 RECORD = TRIAL_RECORD
 PUBLISHED = "published"
 
@@ -61,7 +70,7 @@ class LoopSettings:
     max_context_tokens: int | None = None
     agent_command: str | None = None
     bundle: Bundle | None = None
-    """The scaffold's agent bundle (SCAFFOLD=mswea, cc or oc), verified when the run started."""
+    """The scaffold's agent bundle (SCAFFOLD=mswea, cc, oc or ohsdk), verified when the run started."""
     socket_dir: Path | None = None
     """Where the proxy's Unix socket is (installed agents reach the proxy through it)."""
     local_backend: bool = True
@@ -250,20 +259,10 @@ class TrialLoop:
         if s.agent in IN_SANDBOX:  # reaches its session through the relay: by its path, on the relay's address
             assert s.socket_dir
             session_path = urlsplit(base_url).path.removesuffix("/v1")
-            if s.agent == "cc":
+            if s.agent in BUNDLED:
                 assert s.bundle is not None
-                return ClaudeCodeAgent(s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.max_tokens)
-            if s.agent == "oc":
-                assert s.bundle is not None
-                return OpenCodeAgent(
-                    s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.max_tokens,
-                    s.max_context_tokens,
-                )  # fmt: skip
-            if s.agent == "mswea":
-                assert s.bundle is not None
-                return MsweaAgent(
-                    s.bundle, session_path, s.served_model, s.socket_dir, s.max_turns, s.temperature, s.max_tokens
-                )
+                budget = Budget(s.max_turns, s.temperature, s.max_tokens, s.max_context_tokens)
+                return BUNDLED[s.agent](s.bundle, session_path, s.served_model, s.socket_dir, budget)
             assert s.agent_command
             return InstalledAgent(
                 s.agent_command, session_path, s.served_model, s.socket_dir, sys.executable, s.local_backend

@@ -5,12 +5,26 @@ sandbox's ``/tmp``, and the file the agent leaves saying how it ended, read back
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runctl.bundles import MOUNT, Bundle
 from services.launcher.rollout.agents.installed import InstalledAgent
 from services.sandbox.library import AgentOutcome, Backend, Sandbox
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a run allows each trial's agent, which each scaffold maps onto its own settings."""
+
+    max_turns: int
+    """AGENT_MAX_ITERATIONS."""
+    temperature: float
+    max_tokens: int | None
+    """The run's response length (None: the agent's own default)."""
+    max_context_tokens: int | None
+    """The context the model serves (None: not known to the run)."""
 
 
 class BundledAgent(InstalledAgent):

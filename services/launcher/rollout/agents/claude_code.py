@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from runctl.bundles import Bundle
-from services.launcher.rollout.agents.bundled import BundledAgent
+from services.launcher.rollout.agents.bundled import Budget, BundledAgent
 from services.launcher.rollout.agents.installed import AGENT_DIR_INSIDE, RELAY_PORT
 from services.sandbox.library import AgentOutcome
 
@@ -56,9 +56,7 @@ class ClaudeCodeAgent(BundledAgent):
     name = "cc"
     outcome_file = OUTCOME
 
-    def __init__(
-        self, bundle: Bundle, session_path: str, model: str, socket_dir: Path, max_turns: int, max_tokens: int | None
-    ) -> None:
+    def __init__(self, bundle: Bundle, session_path: str, model: str, socket_dir: Path, budget: Budget) -> None:
         env = {
             "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{RELAY_PORT}{session_path}",
             "ANTHROPIC_API_KEY": "runctl-session",
@@ -72,10 +70,10 @@ class ClaudeCodeAgent(BundledAgent):
             "DISABLE_ERROR_REPORTING": "1",
             "DISABLE_BUG_COMMAND": "1",
         }
-        if max_tokens is not None:  # the run's response length; else Claude Code's own (32,000)
-            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_tokens)
+        if budget.max_tokens is not None:  # the run's response length; else Claude Code's own (32,000)
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(budget.max_tokens)
         super().__init__(bundle, session_path, model, socket_dir, env)
-        flags = f"--output-format json --max-turns {max_turns} --model {shlex.quote(model)}"
+        flags = f"--output-format json --max-turns {budget.max_turns} --model {shlex.quote(model)}"
         self.command = (
             f'{shlex.quote(bundle.executable)} -p "$(cat {AGENT_DIR_INSIDE}/instruction.md)" {flags} '
             f"--dangerously-skip-permissions > {OUTCOME}"

@@ -25,7 +25,7 @@ from services.sandbox.library import AgentOutcome, Backend, Sandbox
 
 RELAY_PORT = 8377
 #: The agents that run inside the sandbox and reach the proxy through the relay (the rest call it from the runner).
-IN_SANDBOX = ("installed", "mswea", "cc", "oc")
+IN_SANDBOX = ("installed", "mswea", "cc", "oc", "ohsdk")
 SOCKET_DIR_INSIDE = "/runctl/proxy"
 AGENT_DIR_INSIDE = "/runctl/agent"
 SOCKET_NAME = "proxy.sock"

@@ -29,7 +29,7 @@ from typing import Any
 
 from runctl.bundles import Bundle
 from runctl.tasks import Task
-from services.launcher.rollout.agents.bundled import BundledAgent
+from services.launcher.rollout.agents.bundled import Budget, BundledAgent
 from services.launcher.rollout.agents.installed import AGENT_DIR_INSIDE, RELAY_PORT
 from services.sandbox.library import AgentOutcome, Backend, Sandbox
 
@@ -60,22 +60,13 @@ class MsweaAgent(BundledAgent):
     name = "mswea"
     outcome_file = OUTCOME
 
-    def __init__(
-        self,
-        bundle: Bundle,
-        session_path: str,
-        model: str,
-        socket_dir: Path,
-        max_turns: int,
-        temperature: float,
-        max_tokens: int | None,
-    ) -> None:
+    def __init__(self, bundle: Bundle, session_path: str, model: str, socket_dir: Path, budget: Budget) -> None:
         self.given: dict[str, object] = {
             "base_url": f"http://127.0.0.1:{RELAY_PORT}{session_path}/v1",
             "model": model,
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-            "max_turns": max_turns,
+            "temperature": budget.temperature,
+            "max_tokens": budget.max_tokens,
+            "max_turns": budget.max_turns,
             "instruction": f"{AGENT_DIR_INSIDE}/instruction.md",
         }
         env = {

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from runctl.bundles import Bundle
-from services.launcher.rollout.agents.bundled import BundledAgent
+from services.launcher.rollout.agents.bundled import Budget, BundledAgent
 from services.launcher.rollout.agents.installed import AGENT_DIR_INSIDE, RELAY_PORT
 from services.sandbox.library import AgentOutcome, Backend, Sandbox
 
@@ -95,19 +95,10 @@ class OpenCodeAgent(BundledAgent):
     name = "oc"
     outcome_file = OUTCOME
 
-    def __init__(
-        self,
-        bundle: Bundle,
-        session_path: str,
-        model: str,
-        socket_dir: Path,
-        max_turns: int,
-        max_tokens: int | None,
-        max_context_tokens: int | None,
-    ) -> None:
-        self.max_turns = max_turns
+    def __init__(self, bundle: Bundle, session_path: str, model: str, socket_dir: Path, budget: Budget) -> None:
+        self.max_turns = budget.max_turns
         base_url = f"http://127.0.0.1:{RELAY_PORT}{session_path}/v1"
-        config = oc_config(base_url, model, max_turns, max_context_tokens, max_tokens)
+        config = oc_config(base_url, model, budget.max_turns, budget.max_context_tokens, budget.max_tokens)
         state = "/tmp/.opencode"
         env = {
             "OPENCODE_CONFIG_CONTENT": json.dumps(config),
