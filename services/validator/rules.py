@@ -30,6 +30,19 @@ PARSERS_BY_FAMILY: dict[str, frozenset[str]] = {
     "minimax_m2": frozenset({"minimax_m2"}),
 }
 
+#: Where each scaffold's agent gets its tool calls: "server" — it sends tools, and vLLM's TOOL_CALL_PARSER turns the
+#: model's output into the calls it reads — or "text": it parses its commands out of the model's text itself
+#: (mini-swe-agent: one bash block per answer), so no parser is in its way.
+TOOL_CALLS_BY_SCAFFOLD: dict[str, str] = {
+    "terminal": "server",
+    "installed": "server",
+    "mswea": "text",
+    "ohsdk": "server",
+    "oh": "server",
+    "cc": "server",
+    "oc": "server",
+}
+
 #: Agent loop names each scaffold provides; the first is its default.
 AGENTS_BY_SCAFFOLD: dict[str, tuple[str, ...]] = {
     # oracle and nop call no model: they run a task's solution, or nothing (scoring checks of a task set).

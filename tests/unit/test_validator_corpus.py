@@ -117,3 +117,13 @@ def test_each_broken_config_trips_the_check_it_names(path: Path) -> None:
         assert result.message and result.fix, f"{check_id} must say what happens and how to fix it"
     if severity == "warn":
         assert not _fatal(results)
+
+
+@pytest.mark.parametrize(("scaffold", "severity"), [("terminal", "fatal"), ("cc", "fatal"), ("mswea", "skip")])
+def test_a_parser_for_another_family_matters_only_to_scaffolds_that_read_parsed_tool_calls(
+    scaffold: str, severity: str
+) -> None:
+    text, _, _ = corpus_text(DATA / "configs" / "broken" / "parser-for-another-family.env")
+    (result,) = [r for r in results_for(text + f"SCAFFOLD={scaffold}\n", "run.env") if r.id == "model.tool_parser"]
+    assert result.severity == severity, result.message
+    assert f"SCAFFOLD={scaffold}" in result.message

@@ -14,7 +14,7 @@ from runctl.errors import TaskError
 from runctl.home import home
 from services.validator.checks.common import train_config
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip, warn
-from services.validator.rules import AGENTS_BY_SCAFFOLD, PARSERS_BY_FAMILY
+from services.validator.rules import AGENTS_BY_SCAFFOLD, PARSERS_BY_FAMILY, TOOL_CALLS_BY_SCAFFOLD
 
 if TYPE_CHECKING:
     from runctl.tasks import Task, TaskIndex
@@ -249,7 +249,9 @@ def team_area(ctx: Context) -> Verdict:
 )
 def tool_parser(ctx: Context) -> Verdict:
     assert ctx.facts is not None
-    parser, family = ctx.config.tool_call_parser, ctx.facts.family
+    parser, family, scaffold = ctx.config.tool_call_parser, ctx.facts.family, ctx.config.scaffold
+    if TOOL_CALLS_BY_SCAFFOLD[scaffold] == "text":
+        return skip(f"SCAFFOLD={scaffold} parses its commands from the model's text: no tool call meets a parser")
     allowed = PARSERS_BY_FAMILY.get(family)
     if allowed is None:
         return warn(
@@ -258,10 +260,11 @@ def tool_parser(ctx: Context) -> Verdict:
         )
     if parser not in allowed:
         return fatal(
-            f"TOOL_CALL_PARSER={parser} does not read {family} models' tool calls: no tool call would parse.",
+            f"TOOL_CALL_PARSER={parser} does not read {family} models' tool calls, and SCAFFOLD={scaffold}'s agent "
+            "acts only through the calls it parses: no tool call would parse.",
             f"use one of: {', '.join(sorted(allowed))}.",
         )
-    return ok(f"TOOL_CALL_PARSER={parser} fits the {family} family")
+    return ok(f"TOOL_CALL_PARSER={parser} fits the {family} family, whose calls SCAFFOLD={scaffold}'s agent reads")
 
 
 @check("model.agent_name", MODEL, "a rollout that fails at its first trial with an unknown agent loop")
