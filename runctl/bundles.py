@@ -6,8 +6,11 @@ come from (the package index pip is configured with), under ``bundles_root()/<na
 
 - ``runtime/``: the interpreter the agent runs on — for a Python agent, a copy of this machine's CPython (its
   executable, ``libpython``, the standard library without its tests), whose own ``site-packages`` holds the agent
-  and its dependencies at the pinned version. It needs nothing of the host but the C library, so the same folder
-  runs in a bubblewrap sandbox and in a Docker container of the same platform.
+  and its dependencies at the pinned version, and whose ``lib`` holds every shared library those load from this
+  machine but glibc's own (libssl, libffi, zlib…: ``carried_libraries`` in the manifest). It needs nothing of the
+  host but glibc, as new as this machine's, so the same folder runs in a bubblewrap sandbox and in a Docker
+  container (or a pod) of any image with glibc on the same platform. An npm agent's native executable needs glibc
+  alone (its build checks), and its bundle carries such a runtime for the relay.
 - ``prompt.txt``: what the agent sends before the task's own words (its system prompt and the frame around the
   task, rendered once at build time), which the validator counts in the model's tokens against its context.
 - ``manifest.json``: the agent, its version, the runtime's version and platform, every package installed with its
@@ -40,7 +43,7 @@ from runctl.errors import RunctlError
 
 MANIFEST = "manifest.json"
 #: The layout of a bundle this runctl builds and reads; a bundle of another is built again.
-FORMAT = 3
+FORMAT = 4
 #: Where a bundle's runtime lives inside the sandbox (bound read-only).
 MOUNT = "/runctl/bundle"
 
@@ -364,9 +367,61 @@ def _copy_python(runtime: Path, interpreter: str = sys.executable) -> str:
     for lib in (base / "lib").glob("libpython*.so*"):
         shutil.copy2(lib, runtime / "lib" / lib.name, follow_symlinks=False)
     skip = {"site-packages", "test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "__pycache__"}
-    shutil.copytree(stdlib, runtime / "lib" / stdlib.name, ignore=lambda _d, names: [n for n in names if n in skip])
+    shutil.copytree(
+        stdlib,
+        runtime / "lib" / stdlib.name,
+        ignore=lambda _d, names: [n for n in names if n in skip or n.startswith("_tkinter")],
+    )
     (runtime / "lib" / stdlib.name / "site-packages").mkdir()
     return executable
+
+
+#: glibc's own libraries (their sonames' beginnings): every image that runs glibc programs has them, and they must
+#: match one another, so a bundle never carries them — what it needs of its host is glibc, as new as this machine's.
+GLIBC = (
+    "ld-linux", "libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so", "libresolv.so", "libutil.so",
+    "libanl.so", "libmvec.so", "libnss_", "libBrokenLocale.so", "libthread_db.so", "libc_malloc_debug.so",
+)  # fmt: skip
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _needed(elf: Path, lib: Path) -> dict[str, Path]:
+    """The shared libraries ``elf`` loads that are not glibc's, by soname, as the loader finds them (``lib`` first)."""
+    done = subprocess.run(
+        ["ldd", str(elf)], capture_output=True, text=True, env={"LD_LIBRARY_PATH": str(lib), "PATH": "/usr/bin:/bin"}
+    )
+    found: dict[str, Path] = {}
+    for line in done.stdout.splitlines():
+        name, arrow, rest = line.strip().partition(" => ")
+        target = rest.split(" (")[0].strip()
+        if arrow and target.startswith("/") and not name.startswith(GLIBC):
+            found[name] = Path(target)
+    return found
+
+
+def _carry_libraries(runtime: Path) -> list[str]:
+    """Copy into ``runtime/lib`` every shared library that an executable or module under ``runtime`` loads from this
+    machine, glibc's own aside (and theirs, until nothing new is needed), so that the runtime runs on any image with
+    glibc (a task's Docker image need not have libssl, libffi, zlib…). The sonames carried, sorted."""
+    lib = runtime / "lib"
+    todo = [p for p in runtime.rglob("*") if p.is_file() and not p.is_symlink() and _is_elf(p)]
+    carried: set[str] = set()
+    while todo:
+        elf = todo.pop()
+        for name, source in _needed(elf, lib).items():
+            if name in carried or source.is_relative_to(runtime):
+                continue
+            shutil.copy2(source, lib / name)  # the file the link points at, under the soname the loader asks for
+            carried.add(name)
+            todo.append(lib / name)
+    return sorted(carried)
 
 
 def runtime_env(runtime: Path) -> dict[str, str]:
@@ -451,6 +506,8 @@ def _install_python(spec: Spec, version: str, work: Path, say: Callable[[str], N
             f"pip could not install {' '.join(packages)}: {installed.stderr.strip()[-1500:]}. Fix: check the "
             "version exists on the package index pip is configured with (pip's own message above)."
         )
+    say("carrying the shared libraries it loads from this machine (all but glibc's own)")
+    carried = _carry_libraries(work / "runtime")
     say("byte-compiling and checking that the agent imports in its runtime")
     subprocess.run([str(python), "-m", "compileall", "-q", "-j0", str(work / "runtime" / "lib")],
                    capture_output=True, env=env, check=False)  # fmt: skip
@@ -475,6 +532,7 @@ def _install_python(spec: Spec, version: str, work: Path, say: Callable[[str], N
         "python_lib": "runtime/lib",
         "executable": f"runtime/bin/{executable}",
         "packages": json.loads(frozen.stdout),
+        "carried_libraries": carried,
         **measured,
     }
 
@@ -509,6 +567,13 @@ def _install_npm(spec: Spec, version: str, work: Path, say: Callable[[str], None
         raise BundleError(
             f"{spec.package}@{version} brought no executable for this platform at {executable.relative_to(work)}."
         )
+    beyond_glibc = _needed(executable, work / "runtime")
+    if beyond_glibc:
+        raise BundleError(
+            f"{spec.package}'s executable loads {', '.join(sorted(beyond_glibc))} beside glibc, which its bundle does "
+            "not carry: it would not start in an image without them. Fix: pin a version whose executable is static "
+            "but for glibc (--version)."
+        )
     ran = subprocess.run([str(executable), "--version"], capture_output=True, text=True, timeout=60)
     if ran.returncode != 0:
         raise BundleError(f"{spec.package}'s executable does not start here: {ran.stderr.strip()[-1500:]}")
@@ -525,12 +590,14 @@ def _install_npm(spec: Spec, version: str, work: Path, say: Callable[[str], None
         (work / PROMPT).write_text(prompt)
     say(f"copying this machine's Python {platform.python_version()} for the relay to the proxy")
     python = _copy_python(work / "python")
+    carried = _carry_libraries(work / "python")  # the agent's executable needs glibc alone (checked below)
     return {
         "runtime": f"native ({ran.stdout.strip()[:80]})",
         "python": f"python/bin/{python}",
         "python_lib": "python/lib",
         "executable": str(executable.relative_to(work)),
         "packages": pinned,
+        "carried_libraries": carried,
         **measured,
     }
 

@@ -43,6 +43,9 @@ TOOL_CALLS_BY_SCAFFOLD: dict[str, str] = {
     "oc": "server",
 }
 
+#: The scaffolds whose agent runs inside the sandbox (services/launcher/rollout/agents/installed.py: IN_SANDBOX).
+IN_SANDBOX_SCAFFOLDS = ("installed", "mswea", "cc", "oc", "ohsdk")
+
 #: Agent loop names each scaffold provides; the first is its default.
 AGENTS_BY_SCAFFOLD: dict[str, tuple[str, ...]] = {
     # oracle and nop call no model: they run a task's solution, or nothing (scoring checks of a task set).
@@ -338,10 +341,18 @@ NOT_BUILT: tuple[NotBuilt, ...] = (
     ),
     NotBuilt(
         "SCAFFOLD",
-        lambda c: _verl_train(c) and c.scaffold in ("installed", "mswea", "cc", "oc", "ohsdk"),
+        lambda c: _verl_train(c) and c.scaffold in IN_SANDBOX_SCAFFOLDS,
         "an agent inside the sandbox (installed, mswea, cc, oc, ohsdk) reaches its proxy session through the proxy's "
         "Unix socket, which runctl's trial host inside verl does not open yet",
         "SCAFFOLD=terminal for ENGINE=verl, or ENGINE=local to train with an agent inside the sandbox",
+    ),
+    NotBuilt(
+        "SCAFFOLD",
+        lambda c: c.engine != "fake" and c.backend == "k8s" and c.scaffold in IN_SANDBOX_SCAFFOLDS,
+        "an agent inside the sandbox reaches its proxy session through the proxy's Unix socket and runs from its "
+        "bundle, both bound from the runner's machine, which a pod on another node cannot mount: the kubernetes "
+        "backend does not carry them yet",
+        "BACKEND=local or BACKEND=docker for an agent inside the sandbox, or SCAFFOLD=terminal on kubernetes",
     ),
     NotBuilt(
         "AGENT_NETWORK",

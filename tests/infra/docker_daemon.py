@@ -186,8 +186,15 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def busybox_rootfs_tar() -> bytes:
-    """A root filesystem: static busybox, a symlink per applet, a ``bash`` that runs busybox's ash, and /tmp."""
+#: glibc's own files, as an image of a glibc distribution has them (and no other library): what an agent bundle needs.
+GLIBC_FILES = ("ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
+               "libresolv.so.2", "libutil.so.1")  # fmt: skip
+GLIBC_IMAGE = "runctl-glibc:latest"
+
+
+def busybox_rootfs_tar(glibc: bool = False) -> bytes:
+    """A root filesystem: static busybox, a symlink per applet, a ``bash`` that runs busybox's ash, and /tmp; with
+    ``glibc``, this machine's glibc too (its loader at /lib64, its libraries in /lib/x86_64-linux-gnu)."""
     applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout.split()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -209,18 +216,26 @@ def busybox_rootfs_tar() -> bytes:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), mode
             tar.addfile(info, io.BytesIO(data))
+        if glibc:
+            for name in GLIBC_FILES:
+                tar.add(Path("/lib/x86_64-linux-gnu") / name, f"lib/x86_64-linux-gnu/{name}")
+            loader = tarfile.TarInfo("lib64/ld-linux-x86-64.so.2")
+            loader.type, loader.linkname = tarfile.SYMTYPE, "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+            tar.addfile(loader)
     return buffer.getvalue()
 
 
-def ensure_base_image(host: str) -> str:
-    """``runctl-base:latest`` on the daemon, imported from busybox when missing; returns its name."""
+def ensure_base_image(host: str, image: str = BASE_IMAGE) -> str:
+    """``runctl-base:latest`` (or ``runctl-glibc:latest``, with glibc) on the daemon, imported from busybox when
+    missing; returns its name."""
     client = docker.DockerClient(base_url=host, timeout=60)
     try:
         try:
-            client.images.get(BASE_IMAGE)
+            client.images.get(image)
         except docker.errors.ImageNotFound:
-            repository, tag = BASE_IMAGE.split(":")
-            client.api.import_image_from_data(busybox_rootfs_tar(), repository=repository, tag=tag)
-        return BASE_IMAGE
+            repository, tag = image.split(":")
+            rootfs = busybox_rootfs_tar(glibc=image == GLIBC_IMAGE)
+            client.api.import_image_from_data(rootfs, repository=repository, tag=tag)
+        return image
     finally:
         client.close()

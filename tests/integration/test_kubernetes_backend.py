@@ -107,6 +107,14 @@ def test_a_task_without_a_prebuilt_image_is_refused(kube: tuple[KubernetesBacken
     )
 
 
+def test_folders_of_the_runners_machine_are_refused_not_dropped(kube: tuple[KubernetesBackend, FakeKubeApi]) -> None:
+    """An in-sandbox agent's proxy socket and bundle are bound from the runner's machine; a pod cannot have them."""
+    backend, api = kube
+    with pytest.raises(SandboxError, match="cannot bind folders of the runner's machine"):
+        backend.create(spec(binds=(("/srv/bundle", "/runctl/bundle", True),)))
+    assert backend.list_owned() == []
+
+
 def test_bad_credentials_are_a_clear_error(tmp_path: Path) -> None:
     with fake_kube_api() as api:
         backend = KubernetesBackend(kubeconfig=str(api.kubeconfig(tmp_path, token="wrong")), startup_timeout_s=5)

@@ -55,9 +55,11 @@ def test_the_bundle_is_whole_read_only_and_runs_the_agent_without_the_host_pytho
     assert done.stdout.split() == [str(mswea_bundle.path / "runtime"), "2.4.6"]
 
 
-async def one_trial(tmp_path: Path, served_model: vllm_infra.VLLMServer, **values: Any) -> tuple[Path, list[str]]:
-    """One trial of examples' write-done task on the local backend with the runner's loop and proxy; its folder and
-    the termination reasons published."""
+async def one_trial(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, image: str | None = None, **values: Any
+) -> tuple[Path, list[str]]:
+    """One trial of examples' write-done task on the local backend (or ``BACKEND``'s, with the task's image built
+    ``FROM image``) with the runner's loop and proxy; its folder and the termination reasons published."""
     from runctl.config import load_config
     from services.launcher.engines.local import loop_settings, open_proxy, select_tasks
     from services.launcher.rollout.trials import TrialLoop
@@ -65,6 +67,8 @@ async def one_trial(tmp_path: Path, served_model: vllm_infra.VLLMServer, **value
 
     task = tmp_path / "tasks" / "write-done"
     shutil.copytree(ROOT / "examples" / "tasks" / "write-done", task)
+    if image is not None:
+        (task / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
     cfg = config(tmp_path, "infer-cpu.env", INDEX_FILE=tmp_path / "tasks", N_TRIALS=1, **values)
     run_config = load_config(cfg, environ={}).model
     records: list[dict[str, Any]] = []
@@ -168,6 +172,29 @@ async def test_an_openhands_sdk_trial_runs_on_its_own_python_and_ends_cleanly(
     assert published == ["overlong"]
     trajectory = json.loads((folder / "trajectory.json").read_text())
     assert trajectory["errors"] == 1 and trajectory["turns"] == []
+
+
+@pytest.mark.parametrize("scaffold", ["mswea", "oc"])
+async def test_a_bundle_runs_in_a_docker_container_whose_image_has_glibc_and_nothing_else(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, docker_host: str, scaffold: str, request: pytest.FixtureRequest
+) -> None:
+    """The same bundles in a Docker container of an image that is busybox and glibc alone: a Python agent (its own
+    CPython with the libraries it carries: libssl, libffi, zlib…) and a native one, each reaching the proxy through
+    the relay with the container's network off, each ending as on the local backend."""
+    from tests.infra import docker_daemon
+
+    bundle: bundles.Bundle = request.getfixturevalue(f"{scaffold}_bundle")
+    assert "libssl.so.3" in bundle.manifest["carried_libraries"]  # type: ignore[operator]
+    image = docker_daemon.ensure_base_image(docker_host, docker_daemon.GLIBC_IMAGE)
+    folder, published = await one_trial(
+        tmp_path, served_model, image, SCAFFOLD=scaffold, BACKEND="docker", DOCKER_HOST=docker_host,
+        AGENT_MAX_ITERATIONS=3, SANDBOX_MEMORY_MB=1024,
+    )  # fmt: skip
+    record = json.loads((folder / "trial.json").read_text())
+    assert record["bundle"] == bundle.record(), record
+    assert record["termination_reason"] == "overlong", record["failure"]
+    assert "maximum context length is 1024 tokens" in record["failure"]["message"]
+    assert published == ["overlong"]
 
 
 @pytest.mark.parametrize("scaffold", ["mswea", "cc", "oc", "ohsdk"])

@@ -233,3 +233,12 @@ def test_agents_build_refuses_one_version_for_several_agents_and_names_an_unknow
     unknown = subprocess.run([*runctl, "oh"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 1 and "no agent 'oh' has a bundle" in unknown.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_validator_and_the_runner_agree_on_which_agents_run_inside_the_sandbox() -> None:
+    from services.launcher.rollout.agents.installed import IN_SANDBOX
+    from services.launcher.rollout.trials import BUNDLED
+    from services.validator.rules import IN_SANDBOX_SCAFFOLDS
+
+    assert set(IN_SANDBOX) == set(IN_SANDBOX_SCAFFOLDS) == {"installed", *BUNDLED}
+    assert set(BUNDLED) == set(bundles.SPECS)

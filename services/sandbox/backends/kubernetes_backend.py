@@ -132,6 +132,11 @@ class KubernetesBackend(TarOverExec):
             raise SandboxError(
                 "the kubernetes backend cannot enforce an egress allowlist yet; use no-network or public"
             )
+        if spec.binds:
+            raise SandboxError(
+                "the kubernetes backend cannot bind folders of the runner's machine into a pod (an in-sandbox agent's "
+                "proxy socket and bundle); use BACKEND=local or docker for it"
+            )
         if spec.network == "no-network":
             self._ensure_deny_all()
         name = f"runctl-{spec.sandbox_id}"[:63].rstrip("-")

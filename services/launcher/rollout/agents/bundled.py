@@ -1,10 +1,13 @@
 """What the scaffolds whose agent comes in a bundle (``runctl.bundles``) share: the bundle bound read-only at
-``/runctl/bundle``, the relay to the proxy session on the bundle's own Python (``installed.py``), a home folder in the
-sandbox's ``/tmp``, and the file the agent leaves saying how it ended, read back once it exits."""
+``/runctl/bundle``, the relay to the proxy session on the bundle's own Python (``installed.py``; the bundle's
+library folder on the loader's path for its Python processes only, which clear it before they start the agent's
+commands), a home folder in the sandbox's ``/tmp``, and the file the agent leaves saying how it ended, read back
+once it exits."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +36,16 @@ class BundledAgent(InstalledAgent):
 
     def __init__(self, bundle: Bundle, session_path: str, model: str, socket_dir: Path, env: dict[str, str]) -> None:
         self.bundle = bundle
-        own = {"LD_LIBRARY_PATH": bundle.python_lib, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        own = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
         binds = ((str(bundle.path), MOUNT, True),)
         super().__init__(
             "", session_path, model, socket_dir, bundle.python, False, binds=binds, env={**own, "HOME": "/tmp", **env}
         )
+
+    def python_command(self) -> str:
+        """The bundle's Python with its library folder (``libpython`` and the libraries the bundle carries) on the
+        loader's path — for it alone: the commands an agent runs keep the image's own libraries."""
+        return f"env LD_LIBRARY_PATH={shlex.quote(self.bundle.python_lib)} {shlex.quote(self.bundle.python)}"
 
     def read_outcome(self, backend: Backend, sandbox: Sandbox) -> dict[str, Any] | None:
         """What the agent left in :attr:`outcome_file` (None: nothing readable)."""

@@ -84,7 +84,7 @@ class MsweaAgent(BundledAgent):
 
     def run(self, backend: Backend, sandbox: Sandbox, task: Task, timeout_s: float) -> AgentOutcome:
         given = {**self.given, "timeout_s": max(1, int(timeout_s) - 5)}  # its own limit first, then the sandbox's
-        driver = f"{shlex.quote(self.bundle.python)} {AGENT_DIR_INSIDE}/mswea_run.py"
+        driver = f"{self.python_command()} {AGENT_DIR_INSIDE}/mswea_run.py"
         self.command = f"{driver} {OUTCOME} {shlex.quote(json.dumps(given))}"
         return super().run(backend, sandbox, task, timeout_s)
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     outcome, given = Path(argv[1]), json.loads(argv[2])
+    # The loader read the bundle's library folder as this process started; the agent's commands keep the image's own.
+    os.environ.pop("LD_LIBRARY_PATH", None)
     import minisweagent  # type: ignore[import-not-found]  # the bundle's, not runctl's environment's
     import yaml  # type: ignore[import-untyped]
     from minisweagent.agents.default import DefaultAgent  # type: ignore[import-not-found]

@@ -74,7 +74,7 @@ class OpenHandsSdkAgent(BundledAgent):
             "instruction": f"{AGENT_DIR_INSIDE}/instruction.md",
         }
         super().__init__(bundle, session_path, model, socket_dir, dict(OHSDK_ENV))
-        driver = f"{shlex.quote(bundle.python)} {AGENT_DIR_INSIDE}/ohsdk_run.py"
+        driver = f"{self.python_command()} {AGENT_DIR_INSIDE}/ohsdk_run.py"
         self.command = f"{driver} {OUTCOME} {shlex.quote(json.dumps(given))}"
 
     def setup(self, backend: Backend, sandbox: Sandbox, task: Task) -> None:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     outcome, given = Path(argv[1]), json.loads(argv[2])
+    # The loader read the bundle's library folder as this process started; the agent's commands keep the image's own.
+    os.environ.pop("LD_LIBRARY_PATH", None)
     from openhands.sdk import LLM, Agent, Conversation, Tool  # type: ignore[import-not-found]  # the bundle's
     from openhands.sdk.event.conversation_error import ConversationErrorEvent  # type: ignore[import-not-found]
     from openhands.tools.file_editor import FileEditorTool  # type: ignore[import-not-found]
