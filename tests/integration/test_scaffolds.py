@@ -197,6 +197,23 @@ async def test_a_bundle_runs_in_a_docker_container_whose_image_has_glibc_and_not
     assert published == ["overlong"]
 
 
+async def test_a_bundle_in_an_image_without_glibc_ends_the_trial_at_set_up_saying_so(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, docker_host: str, oc_bundle: bundles.Bundle
+) -> None:
+    """busybox alone has no loader for the bundle's programs: the relay cannot start, and the trial ends
+    ``env_setup_failed`` at once rather than timing out."""
+    from tests.infra import docker_daemon
+
+    image = docker_daemon.ensure_base_image(docker_host)
+    folder, published = await one_trial(
+        tmp_path, served_model, image, SCAFFOLD="oc", BACKEND="docker", DOCKER_HOST=docker_host, SANDBOX_MEMORY_MB=1024
+    )
+    record = json.loads((folder / "trial.json").read_text())
+    assert record["termination_reason"] == "env_setup_failed", record
+    assert "relay to the proxy did not start" in record["failure"]["message"]
+    assert published == ["env_setup_failed"]
+
+
 @pytest.mark.parametrize("scaffold", ["mswea", "cc", "oc", "ohsdk"])
 def test_the_validator_refuses_each_scaffold_on_the_tiny_model_counting_its_tokens(
     tmp_path: Path, scaffold: str, request: pytest.FixtureRequest
