@@ -39,7 +39,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from runctl.bus.kv import jetstream
+from runctl.bus.kv import jetstream, through_reload
 from runctl.errors import BusError, BusUnreachableError, EventError, PublishError
 from runctl.events.envelope import Event, parse_event
 from runctl.events.payloads import PAYLOADS, RUNS_STREAM, TRIALS_STREAM
@@ -459,11 +459,18 @@ class Bus:
     async def stream_names(self) -> list[str]:
         """Every stream of this login's account."""
         names: list[str] = []
-        while True:
+
+        async def ask() -> Msg:
             try:
-                reply = await self.nc.request(
+                return await self.nc.request(
                     "$JS.API.STREAM.NAMES", json.dumps({"offset": len(names)}).encode(), timeout=5
                 )
+            except nats.errors.NoRespondersError:  # as during a configuration reload: asked again
+                raise nats.js.errors.ServiceUnavailableError() from None
+
+        while True:
+            try:
+                reply = await through_reload(ask)
             except (nats.errors.Error, TimeoutError) as e:
                 raise BusError(f"the bus did not list its streams ({type(e).__name__}: {e}).") from e
             doc = json.loads(reply.data)

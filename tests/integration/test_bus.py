@@ -320,3 +320,20 @@ async def test_making_a_teams_streams_asks_again_through_a_reloads_503(
     await bus.ensure_streams(teams=["reloaded"])
     assert len(refused) == 2
     assert (await real(team_stream(RUNS_STREAM, "reloaded"))).config.discard == "new"
+
+
+async def test_listing_the_streams_asks_again_through_a_reloads_503(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's stack lists streams while nats-server reloads for a run login: "no responders" is asked again."""
+    import nats.errors
+
+    request = bus.nc.request
+    refused = []
+
+    async def reloading(subject: str, *args: object, **kwargs: object) -> object:
+        if subject == "$JS.API.STREAM.NAMES" and len(refused) < 2:
+            refused.append(subject)
+            raise nats.errors.NoRespondersError()
+        return await request(subject, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bus.nc, "request", reloading)
+    assert DEADLETTER_STREAM in await bus.stream_names() and len(refused) == 2

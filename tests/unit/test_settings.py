@@ -49,8 +49,10 @@ def test_the_walk_finds_each_kind_of_read() -> None:
 
 def test_no_service_reads_a_setting_outside_its_settings_module() -> None:
     found = []
+    # The drivers that run inside the sandbox on an agent bundle's Python: the agent's environment, not runctl's.
+    in_sandbox = {"mswea_run.py", "ohsdk_run.py"}
     for path in sorted((ROOT / "services").rglob("*.py")):
-        if path.name == "settings.py":
+        if path.name == "settings.py" or path.name in in_sandbox:
             continue
         found += [f"{path.relative_to(ROOT)}:{line}" for line in _reads_of_the_environment(ast.parse(path.read_text()))]
     assert not found, "read these through the service's settings model (services/<svc>/settings.py): " + ", ".join(
