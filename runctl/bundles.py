@@ -697,6 +697,54 @@ def _read_only(folder: Path) -> None:
         path.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
 
+def build_many(
+    names: list[str], version: str | None = None, force: bool = False, say: Callable[[str], None] = print
+) -> list[Bundle]:
+    """Build several bundles side by side (their builds wait on the package index and on pip more than on a core),
+    each line of progress led by its agent's name, then one line per bundle built; one :class:`BundleError` names
+    every agent whose build failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = list(dict.fromkeys(names))
+    if version is not None and len(names) > 1:
+        raise BundleError(
+            f"--version {version} names one agent's version, but {len(names)} agents were given. Fix: build them one "
+            "at a time, each with its own --version."
+        )
+
+    def one(name: str) -> Bundle:
+        return build(name, version, force=force, say=(lambda line: say(f"  {name}: {line}")) if len(names) > 1 else say)
+
+    built: list[Bundle] = []
+    failed: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        for name, future in [(name, pool.submit(one, name)) for name in names]:
+            try:
+                bundle = future.result()
+            except BundleError as e:
+                failed.append(f"{name}: {e}")
+                continue
+            say(f"{bundle.name} {bundle.version}: {bundle.path} (sha256 {bundle.sha256[:16]}…)")
+            built.append(bundle)
+    if failed:
+        raise BundleError("; ".join(failed))
+    return built
+
+
+def main(argv: list[str]) -> int:
+    """``python -m runctl.bundles NAME…``: :func:`build_many` on the standard library alone, so that a machine's
+    setup can build the bundles while it is still installing runctl's own environment (``.ci/run`` does)."""
+    if not argv or argv[0].startswith("-"):
+        print(f"usage: python -m runctl.bundles NAME...  (NAME: {', '.join(SPECS)})", file=sys.stderr)
+        return 2
+    try:
+        build_many(argv)
+    except BundleError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    return 0
+
+
 def _remove(folder: Path) -> None:
     if not folder.exists():
         return
@@ -717,3 +765,7 @@ def all_built(root: Path | None = None) -> list[Bundle]:
             except BundleError:
                 continue
     return found
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -29,32 +29,9 @@ def agents_build(
 ) -> None:
     """Build agents' bundles from the package indexes pip and npm are configured with (several at once, side by side);
     trials then need no network."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from runctl import bundles
 
-    if version is not None and len(names) > 1:
-        raise bundles.BundleError(
-            f"--version {version} names one agent's version, but {len(names)} agents were given. Fix: build them one "
-            "at a time, each with its own --version."
-        )
-    console = new_console()
-
-    def one(name: str) -> bundles.Bundle:
-        say = (lambda line: console.print(f"  {name}: {line}")) if len(names) > 1 else console.print
-        return bundles.build(name, version, force=force, say=say)
-
-    failed: list[str] = []
-    with ThreadPoolExecutor(max_workers=len(names)) as pool:
-        for name, future in [(name, pool.submit(one, name)) for name in dict.fromkeys(names)]:
-            try:
-                bundle = future.result()
-            except bundles.BundleError as e:
-                failed.append(f"{name}: {e}")
-                continue
-            console.print(f"{bundle.name} {bundle.version}: {bundle.path} (sha256 {bundle.sha256[:16]}…)")
-    if failed:
-        raise bundles.BundleError("; ".join(failed))
+    bundles.build_many(names, version, force=force, say=new_console().print)
 
 
 @agents_app.command("list")

@@ -20,10 +20,13 @@ unfinished: the mark is for the few tests whose own work fills the machine (the 
 test; a long test must hold its verdict beside any other (docs/testing.md, "Under load").
 
 Light workers: ``RUNCTL_TEST_LIGHT_WORKERS`` (``scripts/test.sh`` sets it) names how many of the workers, the last
-ones, take only light units, shortest first from the queue's end: no test served by a vLLM replica (``vllm``,
+ones, take light units, shortest first from the queue's end: no test served by a vLLM replica (``vllm``,
 ``served_model``), none exclusive, the unit measured at ``LIGHT_MAX_S`` or less. Most such tests wait (on a bus, a
 timeout, a reaper's round) more than they compute, and with one worker per core they were left for the end, where the
 two workers kept the cores about half busy for seven minutes; beside the long tests they fill the cores' idle time.
+Once no light unit is left, a light worker takes the shortest unit served by no replica and not exclusive, of any
+length (a stack's, a Ray head's): in the CI run of 073d556 the light worker sat idle for the last four minutes while
+the two others still ran seven minutes of such units.
 """
 
 from __future__ import annotations
@@ -53,14 +56,20 @@ def light_workers() -> int:
     return int(os.environ.get(LIGHT_WORKERS) or 0)
 
 
-def is_light(unit: list[pytest.Item], cost_s: float) -> bool:
-    """Whether a light worker may take ``unit``: nothing in it served by vLLM or exclusive, and it is short."""
+def unserved(unit: list[pytest.Item]) -> bool:
+    """Whether nothing in ``unit`` is served by a vLLM replica or marked exclusive: a light worker may take it once
+    no light unit is left."""
     for item in unit:
         if item.get_closest_marker("vllm") or item.get_closest_marker("exclusive"):
             return False
         if "served_model" in getattr(item, "fixturenames", ()):
             return False
-    return cost_s <= LIGHT_MAX_S
+    return True
+
+
+def is_light(unit: list[pytest.Item], cost_s: float) -> bool:
+    """Whether a light worker takes ``unit`` first: served by no replica, not exclusive, and short."""
+    return unserved(unit) and cost_s <= LIGHT_MAX_S
 
 
 def measured() -> dict[str, float]:
@@ -108,10 +117,11 @@ def order(items: list[pytest.Item]) -> None:
     items[:] = [item for key in ranked for item in units[key]]
     exclusive = [key for key in ranked if any(i.get_closest_marker("exclusive") for i in units[key])]
     light = [key for key in ranked if is_light(units[key], cost[key])]
+    free = [key for key in ranked if unserved(units[key])]
     # Every worker writes the same file; each replaces it whole, so the controller never reads half of one.
     path = shared.folder() / GROUPS_FILE
     partial = path.with_name(f"{GROUPS_FILE}.{os.getpid()}")
-    partial.write_text(json.dumps({"groups": groups, "exclusive": exclusive, "light": light}))
+    partial.write_text(json.dumps({"groups": groups, "exclusive": exclusive, "light": light, "unserved": free}))
     partial.replace(path)
 
 
@@ -126,13 +136,14 @@ class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         self._groups: dict[str, str] | None = None
         self._exclusive: set[str] = set()
         self._light: set[str] = set()
+        self._unserved: set[str] = set()
         self._light_from = self.numnodes - min(light_workers(), self.numnodes - 1)
 
     def _load(self) -> dict[str, str]:
         if self._groups is None:  # first asked once every worker collected, so the file is there
             written = json.loads((shared.folder() / GROUPS_FILE).read_text())
             self._groups, self._exclusive = written["groups"], set(written["exclusive"])
-            self._light = set(written["light"])
+            self._light, self._unserved = set(written["light"]), set(written["unserved"])
         return self._groups
 
     def _is_light_worker(self, node: Any) -> bool:
@@ -154,7 +165,9 @@ class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         if self._is_light_worker(node):
             shortest = next((scope for scope in reversed(self.workqueue) if scope in self._light), None)
             if shortest is None:
-                return  # nothing light left: this worker waits, and ends with the others
+                shortest = next((scope for scope in reversed(self.workqueue) if scope in self._unserved), None)
+            if shortest is None:
+                return  # only units served by a replica or exclusive left: this worker waits, and ends with the others
             self.workqueue.move_to_end(shortest, last=False)
         elif self._exclusive_elsewhere(node):
             other_unit = next((scope for scope in self.workqueue if scope not in self._exclusive), None)

@@ -100,6 +100,7 @@ class Timings:
         self.records: dict[str, Record] = defaultdict(Record)
         self.seen: set[int] = set()
         self.began = time.monotonic()
+        self.cpu_began = cpu_times()
         self.run = os.environ.get(shared.ENV, "").encode()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample_forever, name="test-timings", daemon=True)
@@ -161,13 +162,31 @@ class Timings:
             terminalreporter.write_line(f"{record.duration_s:8.1f}s  {nodeid}" + (f"  [{starts}]" if starts else ""))
         total = sum(r.duration_s for r in ran.values())
         wall = time.monotonic() - self.began
+        busy = cpu_busy(self.cpu_began, cpu_times())
         terminalreporter.write_line(
             f"total: {len(ran)} tests, {total / 60:.1f} min of test time in {wall / 60:.1f} min of wall time"
-            f" (timings of every test: {self.out})"
+            + (f", the machine's cores {busy:.0%} busy" if busy is not None else "")
+            + f" (timings of every test: {self.out})"
         )
         began = os.environ.get("RUNCTL_CI_BEGAN", "")
         if began.isdigit():
             terminalreporter.write_line(f".ci/run so far: {(time.time() - int(began)) / 60:.1f} min, setup included")
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """The machine's CPU time so far, idle (idle + iowait) and in all, in clock ticks (``/proc/stat``)."""
+    first = _read("/proc/stat").split(b"\n", 1)[0].split()
+    if len(first) < 9:
+        return None
+    ticks = [int(field) for field in first[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def cpu_busy(began: tuple[int, int] | None, now: tuple[int, int] | None) -> float | None:
+    """How busy the cores were between two :func:`cpu_times` readings (every process's, the suite's and others')."""
+    if began is None or now is None or now[1] <= began[1]:
+        return None
+    return 1 - (now[0] - began[0]) / (now[1] - began[1])
 
 
 def register(config: pytest.Config) -> None:

@@ -242,3 +242,24 @@ def test_the_validator_and_the_runner_agree_on_which_agents_run_inside_the_sandb
 
     assert set(IN_SANDBOX) == set(IN_SANDBOX_SCAFFOLDS) == {"installed", *BUNDLED}
     assert set(BUNDLED) == set(bundles.SPECS)
+
+
+def test_the_module_builds_on_the_standard_library_alone_before_runctls_environment_exists(tmp_path: Path) -> None:
+    # .ci/run builds the bundles with `python3 -m runctl.bundles` while setup.sh still installs .venv: `-S` leaves every
+    # site-packages folder out, so an import of anything but the standard library would fail here.
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.infra.bundles import fake_bundle
+
+    folder = fake_bundle(tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "RUNCTL_AGENTS_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    module = [sys.executable, "-S", "-m", "runctl.bundles"]
+    built = subprocess.run([*module, "mswea"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    assert built.stdout.startswith(f"mswea 2.4.6: {folder} (sha256 ")
+    unknown = subprocess.run([*module, "oh"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert unknown.returncode == 1 and "no agent 'oh' has a bundle" in unknown.stderr
+    usage = subprocess.run(module, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert usage.returncode == 2 and "usage: python -m runctl.bundles NAME" in usage.stderr

@@ -13,23 +13,25 @@ import pytest
 
 from tests.infra import schedule, shared
 
-#: unit -> (its tests, exclusive, light), in the order the workers sorted them (longest first).
-UNITS: dict[str, tuple[list[str], bool, bool]] = {
-    "demo": (["demo"], True, False),
-    "train": (["train"], True, False),
-    "runner": (["runner"], False, False),
-    "proxy": (["proxy_a", "proxy_b"], False, False),
-    "admission": (["admission"], False, True),
-    "bus": (["bus"], False, True),
-    "cli": (["cli_a", "cli_b"], False, True),
-    "served": (["served"], False, False),
-    "envfile": (["envfile"], False, True),
-    "units": (["units"], False, True),
+#: unit -> (its tests, exclusive, light, served by no replica), in the order the workers sorted them (longest first).
+UNITS: dict[str, tuple[list[str], bool, bool, bool]] = {
+    "demo": ([f"demo_{n}" for n in range(6)], True, False, False),  # six tests: long
+    "train": (["train"], True, False, False),
+    "runner": ([f"runner_{n}" for n in range(6)], False, False, False),  # six tests: long
+    "proxy": (["proxy_a", "proxy_b"], False, False, False),
+    "stack": (["stack"], False, False, True),  # long, but served by no replica
+    "admission": (["admission"], False, True, True),
+    "bus": (["bus"], False, True, True),
+    "cli": (["cli_a", "cli_b"], False, True, True),
+    "served": (["served"], False, False, False),
+    "envfile": (["envfile"], False, True, True),
+    "units": (["units"], False, True, True),
 }
-COLLECTION = [test for tests, _, _ in UNITS.values() for test in tests]
-UNIT_OF = {test: unit for unit, (tests, _, _) in UNITS.items() for test in tests}
-LIGHT = [unit for unit, (_, _, light) in UNITS.items() if light]
-EXCLUSIVE = {unit for unit, (_, exclusive, _) in UNITS.items() if exclusive}
+COLLECTION = [test for tests, *_ in UNITS.values() for test in tests]
+UNIT_OF = {test: unit for unit, (tests, *_) in UNITS.items() for test in tests}
+LIGHT = [unit for unit, (_, _, light, _) in UNITS.items() if light]
+UNSERVED = [unit for unit, (*_, unserved) in UNITS.items() if unserved]
+EXCLUSIVE = {unit for unit, (_, exclusive, *_) in UNITS.items() if exclusive}
 
 
 @dataclass(eq=False)
@@ -58,7 +60,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, light: in
     checking at every step that no two workers hold an unfinished exclusive unit."""
     monkeypatch.setenv(shared.ENV, str(tmp_path))
     monkeypatch.setenv(schedule.LIGHT_WORKERS, str(light))
-    written = {"groups": UNIT_OF, "exclusive": sorted(EXCLUSIVE), "light": LIGHT}
+    written = {"groups": UNIT_OF, "exclusive": sorted(EXCLUSIVE), "light": LIGHT, "unserved": UNSERVED}
     (tmp_path / schedule.GROUPS_FILE).write_text(json.dumps(written))
     config = SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace())
     sched = schedule.GroupScheduling(config)
@@ -86,10 +88,11 @@ def test_a_light_worker_takes_light_units_from_the_end_and_the_others_from_the_f
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first, second, light = run(tmp_path, monkeypatch, workers=3, light=1)
-    assert light.units() == ["units", "envfile", "cli"]  # shortest first, never "served"
-    # The others as before: the train run waits for the demo, then goes to the worker that ran it.
-    assert first.units() == ["demo", "train", "admission", "served"]
-    assert second.units() == ["runner", "proxy", "bus"]
+    # Shortest first; with no light unit left, the long one served by no replica; never "served".
+    assert light.units() == ["units", "envfile", "cli", "bus", "admission", "stack"]
+    # The train run waits for the demo, then goes to the worker that ran it.
+    assert first.units() == ["demo", "train", "served"]
+    assert second.units() == ["runner", "proxy"]
 
 
 def test_without_light_workers_every_worker_takes_from_the_front(
@@ -97,9 +100,9 @@ def test_without_light_workers_every_worker_takes_from_the_front(
 ) -> None:
     nodes = run(tmp_path, monkeypatch, workers=3, light=0)
     assert [node.units() for node in nodes] == [
-        ["demo", "train", "cli"],
-        ["runner", "admission", "served", "envfile"],
-        ["proxy", "bus", "units"],
+        ["demo", "train", "envfile"],
+        ["runner", "served", "units"],
+        ["proxy", "stack", "admission", "bus", "cli"],
     ]
 
 
@@ -115,6 +118,7 @@ def test_a_light_unit_is_short_and_served_by_no_replica() -> None:
 
     assert schedule.is_light([item("integration"), item()], schedule.LIGHT_MAX_S)
     assert not schedule.is_light([item("integration")], schedule.LIGHT_MAX_S + 1)
+    assert schedule.unserved([item("integration")]) and not schedule.unserved([item("vllm")])
     assert not schedule.is_light([item(), item("vllm")], 1)
     assert not schedule.is_light([item("exclusive")], 1)
     assert not schedule.is_light([item(fixtures=("tmp_path", "served_model"))], 1)

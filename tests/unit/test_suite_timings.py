@@ -29,3 +29,12 @@ PY = "/repo/.venv/bin/python"
 )
 def test_each_started_process_is_named_by_its_kind(cmdline: str, kind: str | None) -> None:
     assert kind_of(cmdline) == kind
+
+
+def test_the_cores_busy_share_comes_from_idle_ticks_against_all_ticks() -> None:
+    from tests.infra.timings import cpu_busy, cpu_times
+
+    assert cpu_busy((100, 400), (130, 800)) == pytest.approx(1 - 30 / 400)
+    assert cpu_busy(None, (1, 2)) is None and cpu_busy((1, 2), (1, 2)) is None
+    now = cpu_times()
+    assert now is not None and 0 <= now[0] <= now[1]
