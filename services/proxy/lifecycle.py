@@ -143,10 +143,12 @@ class Lifecycle:
         now = time.time()
         replica.answered()
         to_first = None if first_token_at is None else first_token_at - started
+        side = self.models.is_side(request.get("model"))
         for prompt_ids, choices in groups:
             session.add_turn(
-                Turn(surface, request, prompt_ids, choices, replica.name, started, to_first, now - started, usage)
-            )
+                Turn(surface, request, prompt_ids, choices, replica.name, started, to_first, now - started, usage,
+                     side=side)
+            )  # fmt: skip
         if usage:
             self.metrics.tokens.inc("prompt", by=usage.get("prompt_tokens", 0) or 0)
             self.metrics.tokens.inc("completion", by=usage.get("completion_tokens", 0) or 0)

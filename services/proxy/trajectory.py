@@ -7,6 +7,10 @@ a prompt and continues with the model's tokens (mask 1) and everything that came
 template tokens, the next user message: mask 0, logprob 0). A turn extends a sequence when its prompt token ids
 begin with that sequence's tokens; a prompt that rewrote earlier context (truncation, a re-rendered tool call, a
 retry of the same prompt) starts a new sequence, so no token is ever trained under a context it was not sampled in.
+
+A side turn (a call for :data:`services.proxy.names.SIDE_MODEL`: a title, a summary, a classification the scaffold
+asks for beside the agent's work) is recorded whole with ``side: true`` and is in no sequence: it is not the policy
+acting on the task, so it stays out of the loss, and the policy's own sequences go on past it.
 """
 
 from __future__ import annotations
@@ -68,12 +72,14 @@ class Turn:
     index: int = 0
     prompt_extends: tuple[int, int] | None = None
     messages_extends: int | None = None
+    side: bool = False  # not the policy's turn: recorded, in no sequence
 
     def as_dict(self) -> dict[str, Any]:
         request = self.request
         return {
             "index": self.index,
             "surface": self.surface,
+            "side": self.side,
             "replica": self.replica,
             "started_at": self.started_at,
             "first_token_s": self.first_token_s,
@@ -155,10 +161,14 @@ class Recorder:
         self.turns: list[Turn] = []
         self.sequences: list[Sequence] = []
         self._recent: list[Sequence] = []
-        self._last: tuple[Any, tuple[Any, Any]] | None = None  # the previous request's messages, system and tools
+        # The previous policy turn's messages, system and tools, and its index.
+        self._last: tuple[Any, tuple[Any, Any], int] | None = None
 
     def add(self, turn: Turn) -> None:
         turn.index = len(self.turns)
+        if turn.side:  # whole, and neither a sequence nor the frame the next turn's messages extend
+            self.turns.append(turn)
+            return
         prompt = turn.prompt_token_ids
         parent: Sequence | None = None
         for seq in self._recent:
@@ -191,15 +201,15 @@ class Recorder:
         request = turn.request
         messages = request.get("messages")
         frame = (request.get("system"), request.get("tools"))
-        previous, self._last = self._last, (messages, frame)
+        previous, self._last = self._last, (messages, frame, turn.index)
         if previous is None or not isinstance(messages, list) or not isinstance(previous[0], list):
             return
-        before, before_frame = previous
+        before, before_frame, before_index = previous
         if frame == before_frame and len(before) <= len(messages) and messages[: len(before)] == before:
             kept = {k: v for k, v in request.items() if k not in ("system", "tools")}
             kept["messages"] = messages[len(before) :]
             turn.request = kept
-            turn.messages_extends = self.turns[-1].index
+            turn.messages_extends = before_index
 
 
 def derive_sequences(turns: list[Turn]) -> list[Sequence]:

@@ -182,7 +182,10 @@ def test_opencodes_configuration_points_its_one_provider_at_the_session_within_t
     provider = config["provider"]["runctl"]
     assert provider["options"]["baseURL"] == "http://127.0.0.1:8377/sess/t/v1"
     assert provider["models"]["tiny"]["limit"] == {"context": 1024, "output": 64}
-    assert config["model"] == config["small_model"] == "runctl/tiny"
+    assert config["model"] == "runctl/tiny"
+    # Its titles and summaries go to the proxy's side model (side turns, out of the loss), within the same limits.
+    assert config["small_model"] == "runctl/runctl-side"
+    assert provider["models"]["runctl-side"] == {"name": "runctl-side", "limit": {"context": 1024, "output": 64}}
     assert config["compaction"] == {"auto": False} and config["agent"]["build"]["steps"] == 5
     assert config["share"] == "disabled" and config["autoupdate"] is False
     assert "limit" not in oc_config("u", "tiny", 5, None, None)["provider"]["runctl"]["models"]["tiny"]

@@ -14,6 +14,7 @@ import openai
 import orjson
 import pytest
 
+from services.proxy.names import SIDE_MODEL
 from services.proxy.server import ProxyServer
 from services.proxy.trajectory import Choice, Recorder, Turn, derive_sequences, prompt_ids, prompt_request
 from tests.conftest import async_wait_until
@@ -310,6 +311,29 @@ async def test_a_multi_turn_agent_conversation_is_one_sequence_with_its_mask(pro
     )
     assert t1["messages_extends"] == 0 and len(t1["messages"]) == 2 and t1["tools"] is None
     assert prompt_request(trajectory, 1) == {"messages": messages, "system": None, "tools": TOOLS}
+
+
+async def test_a_side_request_is_recorded_whole_and_kept_out_of_the_policys_sequences(proxy: ProxyServer) -> None:
+    # An agent asks for a title between two turns of its work, naming the side model (as Claude Code's small fast
+    # model and OpenCode's small_model are configured): the replica answers it, the session records it marked, and the
+    # agent's own conversation is still one sequence, with the side call's tokens nowhere in it.
+    session = proxy.open_session()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+    title = [{"role": "user", "content": "Write a five-word title for: fix it"}]
+    async with openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused") as client:
+        first = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        named = await client.chat.completions.create(model=f"openai/{SIDE_MODEL}", messages=title)  # type: ignore[arg-type]
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": first.choices[0].message.tool_calls[0].id, "content": "ok"})  # type: ignore[index]
+        await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+    trajectory = await proxy.close_session(session.id)
+    assert trajectory is not None and named.choices[0].message.content
+    t0, side, t2 = trajectory["turns"]
+    assert [t["side"] for t in (t0, side, t2)] == [False, True, False]
+    assert side["messages"] == title and side["prompt_extends"] is None and side["messages_extends"] is None
+    (seq,) = trajectory["sequences"]
+    assert seq["turns"] == [[0, 0], [2, 0]] and t2["prompt_extends"] == [0, 0] and t2["messages_extends"] == 0
+    assert prompt_request(trajectory, 2) == {"messages": messages, "system": None, "tools": TOOLS}
 
 
 async def test_a_dead_replica_is_taken_out_and_comes_back(fake: FakeVLLM, tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ it needs no Node) and a Python for the relay. Claude Code runs headless on the i
 INSTRUCTION --output-format json --max-turns AGENT_MAX_ITERATIONS --model SERVED_MODEL``, with its permission prompts
 off (``--dangerously-skip-permissions``; ``IS_SANDBOX=1`` lets it run so as root, which it refuses elsewhere),
 against its proxy session through the relay (``ANTHROPIC_BASE_URL``: the proxy's Anthropic surface; its side
-requests for titles and summaries name the same model, ``ANTHROPIC_SMALL_FAST_MODEL``; its answers are as long as
+requests for titles and summaries name the proxy's side model, ``ANTHROPIC_SMALL_FAST_MODEL`` and
+``ANTHROPIC_DEFAULT_HAIKU_MODEL``, so the session keeps them out of the loss; its answers are as long as
 the run's response length where it has one, ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``), with its update checks,
 telemetry, error reports and other non-essential traffic off. Its JSON result (``/logs/agent/cc.json``) maps to the
 trial's ending:
@@ -31,6 +32,7 @@ from typing import Any
 from runctl.bundles import Bundle
 from services.launcher.rollout.agents.bundled import Budget, BundledAgent
 from services.launcher.rollout.agents.installed import AGENT_DIR_INSIDE, RELAY_PORT
+from services.proxy.library import SIDE_MODEL
 from services.sandbox.library import AgentOutcome
 
 OUTCOME = "/logs/agent/cc.json"
@@ -61,7 +63,8 @@ class ClaudeCodeAgent(BundledAgent):
             "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{RELAY_PORT}{session_path}",
             "ANTHROPIC_API_KEY": "runctl-session",
             "ANTHROPIC_MODEL": model,
-            "ANTHROPIC_SMALL_FAST_MODEL": model,
+            "ANTHROPIC_SMALL_FAST_MODEL": SIDE_MODEL,  # the name its releases before 2.0 read
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": SIDE_MODEL,
             "IS_SANDBOX": "1",
             "CLAUDE_CONFIG_DIR": "/tmp/.claude",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",

@@ -5,8 +5,9 @@ OpenAI-compatible provider is built in, so it fetches nothing on its first run) 
 runs headless on the instruction: ``opencode run --format json --pure --auto --title trial -- INSTRUCTION`` (JSON
 events, no external plugins, its permission prompts answered yes, a title given so that it asks for none),
 configured through ``OPENCODE_CONFIG_CONTENT``: one provider, ``runctl``, OpenAI-compatible, whose ``baseURL`` is the
-trial's proxy session through the relay; the served model as its model and small model, with the run's context and
-response length as its limits (so its requests ask for no more than the model has); its own compaction off (on a
+trial's proxy session through the relay; the served model as its model, and as its small model (titles, summaries)
+the proxy's side model, whose calls the session keeps out of the loss; the run's context and response length as their
+limits (so its requests ask for no more than the model has); its own compaction off (on a
 context overflow it would otherwise summarise and ask again, without end); its build agent's ``steps`` set to
 ``AGENT_MAX_ITERATIONS``. Its update checks, model-list fetch, LSP downloads and sharing are off, its state in the
 sandbox's ``/tmp``. Its events (``/logs/agent/oc.jsonl``) map to the trial's ending:
@@ -37,6 +38,7 @@ from typing import Any
 from runctl.bundles import Bundle
 from services.launcher.rollout.agents.bundled import Budget, BundledAgent
 from services.launcher.rollout.agents.installed import AGENT_DIR_INSIDE, RELAY_PORT
+from services.proxy.library import SIDE_MODEL
 from services.sandbox.library import AgentOutcome, Backend, Sandbox
 
 OUTCOME = "/logs/agent/oc.jsonl"
@@ -56,11 +58,11 @@ def oc_config(base_url: str, model: str, max_turns: int, context: int | None, ou
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "runctl proxy session",
                 "options": {"baseURL": base_url, "apiKey": "runctl-session"},
-                "models": {model: entry},
+                "models": {model: entry, SIDE_MODEL: {**entry, "name": SIDE_MODEL}},
             }
         },
         "model": f"{PROVIDER}/{model}",
-        "small_model": f"{PROVIDER}/{model}",
+        "small_model": f"{PROVIDER}/{SIDE_MODEL}",  # titles and summaries: side turns, out of the loss
         "autoupdate": False,
         "share": "disabled",
         "compaction": {"auto": False},
