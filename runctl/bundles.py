@@ -13,6 +13,9 @@ come from (the package index pip is configured with), under ``bundles_root()/<na
   alone (its build checks), and its bundle carries such a runtime for the relay.
 - ``prompt.txt``: what the agent sends before the task's own words (its system prompt and the frame around the
   task, rendered once at build time), which the validator counts in the model's tokens against its context.
+- ``frames.json`` (mini-swe-agent's): its conversation's frames — the system message, the task's message, a command's
+  observation, with marks where the task and the output go, and the expression its actions are read with — which
+  ``runctl.tinymodel`` teaches the tiny model's scaffold shape under.
 - ``manifest.json``: the agent, its version, the runtime's version and platform, every package installed with its
   version, the prompt's length, the agent's peak resident memory as it started (``peak_rss_mb``: an npm agent's while
   it sent its first request, a Python agent's while it imported itself and rendered its prompt), when it was built,
@@ -43,7 +46,7 @@ from runctl.errors import RunctlError
 
 MANIFEST = "manifest.json"
 #: The layout of a bundle this runctl builds and reads; a bundle of another is built again.
-FORMAT = 4
+FORMAT = 5
 #: Where a bundle's runtime lives inside the sandbox (bound read-only).
 MOUNT = "/runctl/bundle"
 
@@ -83,18 +86,30 @@ class Spec:
     build of the same executable for older CPUs, say), removed before the bundle is hashed."""
 
 
-#: mini-swe-agent's text-based prompts (the ones mswea_run.py uses), rendered as its agent renders them.
+#: mini-swe-agent's text-based prompts (the ones mswea_run.py uses), rendered as its agent renders them; beside the
+#: prompt, its conversation's frames (FRAMES: the system message, the task's message with TASK_MARK for the task, a
+#: command's observation with OUTPUT_MARK for its output, and the regular expression its actions are read with),
+#: which runctl.tinymodel teaches the tiny model under.
 _MSWEA_PROMPT = r"""
-import platform, sys
+import json, platform, sys
 from pathlib import Path
 import litellm, minisweagent, yaml  # litellm: mswea_run.py's start, measured as the agent's memory
 from jinja2 import StrictUndefined, Template
-agent = yaml.safe_load((Path(minisweagent.__file__).parent / "config" / "mini_textbased.yaml").read_text())["agent"]
+from minisweagent.models.litellm_textbased_model import LitellmTextbasedModelConfig
+config = yaml.safe_load((Path(minisweagent.__file__).parent / "config" / "mini_textbased.yaml").read_text())
+agent = config["agent"]
 names = ("system", "node", "release", "version", "machine")
-values = dict(zip(names, platform.uname())) | {"task": ""}
-text = "\n".join(Template(agent[k], undefined=StrictUndefined).render(**values)
-                  for k in ("system_template", "instance_template"))
+values = dict(zip(names, platform.uname()))
+def render(template, **more):
+    return Template(template, undefined=StrictUndefined).render(**values, **more)
+text = "\n".join(render(agent[k], task="") for k in ("system_template", "instance_template"))
 Path(sys.argv[1]).write_text(text)
+task_mark, output_mark, frames_path = sys.argv[2:5]
+output = {"returncode": 0, "output": output_mark, "exception_info": ""}
+frames = {"system": render(agent["system_template"]), "instance": render(agent["instance_template"], task=task_mark),
+          "observation": render(config["model"]["observation_template"], output=output),
+          "action_regex": LitellmTextbasedModelConfig.model_fields["action_regex"].default}
+Path(frames_path).write_text(json.dumps(frames, indent=1))
 """
 
 #: OpenCode pointed at the stand-in server through an OpenAI-compatible provider (the one its scaffold configures).
@@ -202,6 +217,9 @@ SPECS: dict[str, Spec] = {
     ),
 }
 PROMPT = "prompt.txt"
+FRAMES = "frames.json"  # a text-based agent's conversation frames (mswea's), for teaching a model under them
+TASK_MARK = "<<runctl-task>>"
+OUTPUT_MARK = "<<runctl-output>>"
 
 
 def bundles_root() -> Path:
@@ -522,8 +540,8 @@ def _install_python(spec: Spec, version: str, work: Path, say: Callable[[str], N
         (work / PROMPT).write_text(prompt_text)
     elif spec.prompt_script:
         say("rendering the agent's own prompt, to count against a model's context")
-        rendered, measured["peak_rss_mb"] = _measured([str(python), "-c", spec.prompt_script, str(work / PROMPT)],
-                                                      work, env=env)  # fmt: skip
+        argv = [str(python), "-c", spec.prompt_script, str(work / PROMPT), TASK_MARK, OUTPUT_MARK, str(work / FRAMES)]
+        rendered, measured["peak_rss_mb"] = _measured(argv, work, env=env)
         if rendered.returncode != 0:
             raise BundleError(f"{spec.package} did not render its prompt: {rendered.stderr.strip()[-1500:]}")
     return {

@@ -5,6 +5,11 @@ a million parameters, its output head untied from the embedding) and a byte-leve
 generated text, saved with a ChatML chat template that renders tools, tool calls and tool results the way
 Hermes-style tool parsers read them. Both are seeded, so the same version of this module makes the same files.
 
+The ``scaffolds`` shape is that model taught further, with a longer context (4,096 positions), to act under
+mini-swe-agent: its own system message, its task message and its observations, read from the mswea bundle's frames
+(``runctl agents build mswea``), the example commands written as its one-command answers, then its submit command.
+Its tokenizer is the tiny model's, so the same tool parser and chat template serve it.
+
 ``python -m runctl.tinymodel DIR`` writes the model into DIR (``config.json``, ``model.safetensors``, the tokenizer
 files); it is a no-op when DIR already holds a model made by this version. Teaching it takes minutes on two cores,
 so a model made once is kept in the user's cache (``$RUNCTL_MODEL_CACHE``, else ``$XDG_CACHE_HOME/runctl/tinymodel``
@@ -172,13 +177,30 @@ def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[s
     return messages, tools
 
 
-def _teach(model: Any, tokenizer: Any, rng: random.Random) -> float:
+Conversation = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+
+
+def _teach(
+    model: Any,
+    tokenizer: Any,
+    rng: random.Random,
+    conversations: Any = None,
+    steps: int = TEACH_STEPS,
+    batch_size: int = 8,
+    lr: float = 4e-3,
+    answers_only: bool = False,
+) -> float:
     """A few hundred steps that make the random network keep to the chat format: short text answers ending in
-    ``<|im_end|>``, a ``bash`` tool call when tools are offered, text after a tool result. Returns the last loss."""
+    ``<|im_end|>``, a ``bash`` tool call when tools are offered, text after a tool result. ``conversations(rng)``
+    makes each example (:func:`_conversation` when not given), and only the assistant's tokens are learned.
+    ``answers_only``: the output head runs on the answers' positions alone (the same loss; on long prompts with short
+    answers, a quarter less work a step). Returns the last loss."""
     import torch
 
+    make_conversation = conversations or _conversation
+
     def example() -> tuple[list[int], list[int]]:
-        messages, tools = _conversation(rng)
+        messages, tools = make_conversation(rng)
         ids: list[int] = []
         labels: list[int] = []
         done = 0
@@ -196,19 +218,19 @@ def _teach(model: Any, tokenizer: Any, rng: random.Random) -> float:
             done = len(after) - 1
         return ids, labels
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=4e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     # Decay to a tenth: the last steps sharpen what was learned (the taught commands come out whole).
-    schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, TEACH_STEPS)
+    schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, steps)
     model.train()
     loss_value = 0.0
-    for _ in range(TEACH_STEPS):
-        batch = [example() for _ in range(8)]
+    for _ in range(steps):
+        batch = [example() for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in batch)
         pad = tokenizer.pad_token_id
         input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])
         labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
         mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
-        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        loss = _loss(model, input_ids, mask, labels, answers_only)
         loss.backward()
         optimizer.step()
         schedule.step()
@@ -218,12 +240,87 @@ def _teach(model: Any, tokenizer: Any, rng: random.Random) -> float:
     return loss_value
 
 
+def _loss(model: Any, input_ids: Any, mask: Any, labels: Any, answers_only: bool) -> Any:
+    """The causal LM loss on the labelled tokens (padding on the right); ``answers_only`` runs the output head on
+    the labelled positions alone, and no attention mask (causal attention never looks right, so a real token never
+    sees the padding), which lets attention take its fused path."""
+    import torch
+
+    if not answers_only:
+        return model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+    hidden = model.model(input_ids=input_ids).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    learned = targets != -100
+    return torch.nn.functional.cross_entropy(model.lm_head(hidden[learned]), targets[learned])
+
+
+#: mini-swe-agent's protocol (its environment ends the run when a command's first output line is this), and the
+#: thoughts the scaffolds shape writes before its commands: fixed, so that the command is the only choice it makes.
+MSWEA_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+MSWEA_THOUGHTS = ("THOUGHT: I run the command the task asks for.", "THOUGHT: The task is done, so I submit.")
+SCAFFOLD_CONTEXT = 4096
+SCAFFOLD_STEPS = 120
+
+
+def mswea_answer(frames: dict[str, str], thought: str, command: str) -> str:
+    """An answer in mini-swe-agent's text format: a thought, then the one command in the fence its actions are read
+    from (checked against ``frames["action_regex"]``, the expression the agent parses answers with)."""
+    import re
+
+    fence = re.match(r"```(\w+)", frames["action_regex"])
+    if fence is None:
+        raise ValueError(f"mini-swe-agent's action expression {frames['action_regex']!r} names no fence")
+    answer = f"{thought}\n\n```{fence.group(1)}\n{command}\n```"
+    if re.findall(frames["action_regex"], answer, re.DOTALL) != [command]:
+        raise ValueError(f"mini-swe-agent would not read {command!r} out of {answer!r}")
+    return answer
+
+
+def mswea_episode(frames: dict[str, str], rng: random.Random) -> Conversation:
+    """One example task solved under mini-swe-agent's frames: the taught command, its observation, the submit."""
+    from runctl.bundles import OUTPUT_MARK, TASK_MARK
+
+    skill = rng.choice(list(SKILLS))
+    command = rng.choice(SKILLS[skill])
+    output = "" if rng.random() < 0.5 else " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 8)))
+    messages = [
+        {"role": "system", "content": frames["system"]},
+        {"role": "user", "content": frames["instance"].replace(TASK_MARK, skill + "\n")},
+        {"role": "assistant", "content": mswea_answer(frames, MSWEA_THOUGHTS[0], command)},
+        {"role": "user", "content": frames["observation"].replace(OUTPUT_MARK, output)},
+        {"role": "assistant", "content": mswea_answer(frames, MSWEA_THOUGHTS[1], MSWEA_SUBMIT)},
+    ]
+    return messages, None
+
+
+def mswea_frames() -> tuple[dict[str, str], str]:
+    """The mswea bundle's frames and the bundle's hash.
+
+    Raises:
+        runctl.bundles.BundleError: the bundle is not built (its message names the command that builds it).
+    """
+    from runctl import bundles
+
+    bundle = bundles.load("mswea")
+    return json.loads((bundle.path / bundles.FRAMES).read_text()), bundle.sha256
+
+
+def _teach_scaffolds(model: Any, tokenizer: Any, frames: dict[str, str], rng: random.Random) -> float:
+    """The tiny model taught further: mini-swe-agent's episodes alone, four a step (each about 2,000 tokens, nearly
+    all of them the agent's prompt; 78 s on two idle cores)."""
+    return _teach(
+        model, tokenizer, rng, lambda r: mswea_episode(frames, r), steps=SCAFFOLD_STEPS, batch_size=4, lr=2e-3,
+        answers_only=True,
+    )  # fmt: skip
+
+
 #: Network shapes: the taught chat model, and an untaught larger one whose forward pass dominates generation time
 #: as a real policy's does (for measuring what serving overheads cost per generated token).
 SHAPES = {
     "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4},
     "bench": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8},
 }
+SCAFFOLD_SHAPE = "scaffolds"  # the tiny model, taught further under mini-swe-agent (see the module's docstring)
 
 
 def is_made(folder: Path, shape: str = "tiny") -> bool:
@@ -238,8 +335,9 @@ def is_made(folder: Path, shape: str = "tiny") -> bool:
 CACHE_ENV = "RUNCTL_MODEL_CACHE"
 
 
-def cached_copy(shape: str) -> Path | None:
-    """Where the user's cache keeps the model of ``shape`` this code makes; None when the cache is off."""
+def cached_copy(shape: str, extra: str = "") -> Path | None:
+    """Where the user's cache keeps the model of ``shape`` this code makes (``extra``: what else it was made from);
+    None when the cache is off."""
     from importlib.metadata import PackageNotFoundError, version
 
     root = os.environ.get(CACHE_ENV, "")
@@ -247,7 +345,7 @@ def cached_copy(shape: str) -> Path | None:
         return None
     if not root:
         root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "runctl" / "tinymodel")
-    key = hashlib.sha256(Path(__file__).read_bytes())
+    key = hashlib.sha256(Path(__file__).read_bytes() + extra.encode())
     for package in ("torch", "transformers", "tokenizers"):
         try:
             key.update(f"{package}={version(package)}".encode())
@@ -282,6 +380,8 @@ def make(folder: Path, shape: str = "tiny") -> Path:
     ``shape`` is ``tiny`` (taught the chat format) or ``bench`` (about 28M parameters, random weights). A copy in the
     user's cache (:func:`cached_copy`) is taken when there is one, and one is left there when there is not.
     """
+    if shape == SCAFFOLD_SHAPE:
+        return _make_scaffolds(folder)
     if is_made(folder, shape):
         return folder
     cached = cached_copy(shape)
@@ -347,10 +447,57 @@ def make(folder: Path, shape: str = "tiny") -> Path:
     return folder
 
 
+def _make_scaffolds(folder: Path) -> Path:
+    """The ``scaffolds`` shape: the tiny model (made or taken from the cache), its context widened, taught under the
+    mswea bundle's frames. A model made from other frames (another mini-swe-agent) is made again."""
+    frames, bundle_hash = mswea_frames()
+    stamp_extra = {"frames_from": bundle_hash}
+    if is_made(folder, SCAFFOLD_SHAPE) and _stamp(folder).get("frames_from") == bundle_hash:
+        return folder
+    cached = cached_copy(SCAFFOLD_SHAPE, bundle_hash)
+    if cached is not None and is_made(cached, SCAFFOLD_SHAPE):
+        _copy_model(cached, folder)
+        return folder
+    import tempfile
+
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    with tempfile.TemporaryDirectory(prefix="runctl-tinymodel-") as scratch:
+        base = make(Path(scratch) / "tiny")
+        tokenizer: Any = AutoTokenizer.from_pretrained(base)
+        model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model.config.max_position_embeddings = SCAFFOLD_CONTEXT
+    tokenizer.model_max_length = SCAFFOLD_CONTEXT
+    torch.manual_seed(SEED + 1)
+    loss = _teach_scaffolds(model, tokenizer, frames, random.Random(SEED + 1))
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    stamp = {"version": VERSION, "shape": SCAFFOLD_SHAPE, "parameters": params, "teach_loss": round(loss, 4)}
+    (folder / STAMP).write_text(json.dumps(stamp | stamp_extra) + "\n")
+    if cached is not None:
+        _keep(folder, cached)
+    return folder
+
+
+def _stamp(folder: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((folder / STAMP).read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runctl.tinymodel", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="where to write the model")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="tiny (taught chat model) or bench")
+    parser.add_argument(
+        "--shape",
+        choices=sorted([*SHAPES, SCAFFOLD_SHAPE]),
+        default="tiny",
+        help="tiny (taught chat model), scaffolds (it, taught under mini-swe-agent: needs its bundle) or bench",
+    )
     args = parser.parse_args(argv)
     made = make(args.folder, args.shape)
     print(made)

@@ -39,24 +39,27 @@ def why_unavailable() -> str | None:
     return None
 
 
-def tiny_model() -> Path:
-    """The tiny model, made in a child process the first time (torch stays out of the test process), by one process
-    at a time: an xdist worker that asks while another makes it waits for that one."""
-    if tinymodel.is_made(MODEL_DIR):
-        return MODEL_DIR
+def tiny_model(shape: str = "tiny") -> Path:
+    """The tiny model (or its ``scaffolds`` shape, in ``.cache/tinymodel-scaffolds``), made in a child process the
+    first time (torch stays out of the test process), by one process at a time: an xdist worker that asks while
+    another makes it waits for that one."""
+    folder = MODEL_DIR if shape == "tiny" else MODEL_DIR.with_name(f"tinymodel-{shape}")
+    if tinymodel.is_made(folder, shape):
+        return folder
     with locked(MODEL_DIR.parent / "tinymodel.lock"):
-        if not tinymodel.is_made(MODEL_DIR):
+        if not tinymodel.is_made(folder, shape):
             # Every core: the suite makes it before its first test, while every worker waits (pytest_collection_
             # finish), so the pools sized to a worker's share of the cores would leave the others idle (a fresh
             # CI run taught it on one core of two for 140 s; on both it takes about 95).
             cores = str(os.cpu_count() or 1)
             env = os.environ | dict.fromkeys(THREAD_ENV, cores)
             made = subprocess.run(
-                [sys.executable, "-m", "runctl.tinymodel", str(MODEL_DIR)], capture_output=True, text=True, env=env
-            )
+                [sys.executable, "-m", "runctl.tinymodel", str(folder), "--shape", shape],
+                capture_output=True, text=True, env=env,
+            )  # fmt: skip
             if made.returncode != 0:
-                raise RuntimeError(f"making the tiny model failed: {made.stderr[-3000:]}")
-    return MODEL_DIR
+                raise RuntimeError(f"making the tiny model ({shape}) failed: {made.stderr[-3000:]}")
+    return folder
 
 
 def vllm_env(key: str) -> dict[str, str]:
@@ -68,13 +71,13 @@ def vllm_env(key: str) -> dict[str, str]:
     return {**replica_env("127.0.0.1", cpu=True, key=key), "PYTHONPATH": with_guard(os.environ.get("PYTHONPATH"))}
 
 
-def vllm_argv(model: Path, port: int, served_name: str = SERVED_NAME) -> list[str]:
+def vllm_argv(model: Path, port: int, served_name: str = SERVED_NAME, max_model_len: int = 1024) -> list[str]:
     from services.launcher.rollout.replicas import GUARD_MIDDLEWARE
 
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
+        "--max-model-len", str(max_model_len), "--dtype", "float32", "--enforce-eager",
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--middleware", GUARD_MIDDLEWARE,
     ]  # fmt: skip
 
@@ -106,7 +109,11 @@ def healthy(url: str) -> bool:
 
 @contextlib.contextmanager
 def vllm_server(
-    model: Path, port: int | None = None, extra_env: dict[str, str] | None = None, key: str | None = None
+    model: Path,
+    port: int | None = None,
+    extra_env: dict[str, str] | None = None,
+    key: str | None = None,
+    max_model_len: int = 1024,
 ) -> Iterator[VLLMServer]:
     """A server on ``model`` requiring ``key`` (default: a fresh one)."""
     port = port or free_port()
@@ -119,7 +126,7 @@ def vllm_server(
     env = {**command_env(private_tmp.name), **vllm_env(key), **(extra_env or {})}
     # SIGTERM when the process that started it dies (a worker that crashed never reaches the fixture's teardown).
     proc = subprocess.Popen(
-        vllm_argv(model, port),
+        vllm_argv(model, port, max_model_len=max_model_len),
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,

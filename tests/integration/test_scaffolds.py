@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runctl import bundles
+from runctl import bundles, tinymodel
 from tests.conftest import ROOT
 from tests.infra import vllm_server as vllm_infra
 from tests.integration.test_runner import config
@@ -99,6 +100,48 @@ async def test_a_mswea_trial_drives_the_model_through_the_proxy_and_ends_cleanly
     assert record["termination_reason"] == "overlong" and record["failure"]["cause"] == "agent_budget"
     assert "maximum context length is 1024 tokens" in record["failure"]["message"]
     assert published == ["overlong"]
+
+
+@pytest.fixture(scope="module")
+def scaffold_model(mswea_bundle: bundles.Bundle) -> Iterator[vllm_infra.VLLMServer]:
+    """The tiny model's scaffolds shape (taught under mini-swe-agent's frames, 4,096 positions), served at that
+    context."""
+    model = vllm_infra.tiny_model("scaffolds")
+    with vllm_infra.vllm_server(model, max_model_len=tinymodel.SCAFFOLD_CONTEXT) as server:
+        yield server
+
+
+async def test_a_mswea_trial_with_the_model_taught_under_it_passes_and_the_capture_is_vllms_tokens(
+    tmp_path: Path, scaffold_model: vllm_infra.VLLMServer, mswea_bundle: bundles.Bundle
+) -> None:
+    # write-done's one taught command is `echo done > answer.txt`: the model runs it as mini-swe-agent's one action,
+    # reads the observation and submits; the verifier finds the file. Two model calls, both the policy's.
+    model = vllm_infra.tiny_model("scaffolds")
+    values = {"MODEL_PATH": model, "MAX_MODEL_LEN": tinymodel.SCAFFOLD_CONTEXT, "TEMPERATURE": 0.0}
+    folder, published = await one_trial(
+        tmp_path,
+        scaffold_model,
+        SCAFFOLD="mswea",
+        AGENT_MAX_ITERATIONS=4,
+        **values,  # type: ignore[arg-type]
+    )
+    record = json.loads((folder / "trial.json").read_text())
+    ended = json.loads((folder / "logs" / "agent" / "mswea.json").read_text())
+    assert ended["exit_status"] == "Submitted" and ended["calls"] == 2, ended
+    assert (
+        record["termination_reason"] == "agent_completed"
+        and record["reward"] == 1.0
+        and published == ["agent_completed"]
+    )
+    trajectory = json.loads((folder / "trajectory.json").read_text())
+    turns = trajectory["turns"]
+    assert len(turns) == 2 and not any(t["side"] for t in turns)
+    # The capture is what vLLM returned: the turn's completion decodes to the text mini-swe-agent acted on.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    first = tokenizer.decode(turns[0]["choices"][0]["completion_token_ids"], skip_special_tokens=True)
+    assert "echo done > answer.txt" in first and first == turns[0]["choices"][0]["output"]["content"]
 
 
 @pytest.fixture(scope="session")
