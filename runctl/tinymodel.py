@@ -255,11 +255,12 @@ def _loss(model: Any, input_ids: Any, mask: Any, labels: Any, answers_only: bool
 
 
 #: mini-swe-agent's protocol (its environment ends the run when a command's first output line is this), and the
-#: thoughts the scaffolds shape writes before its commands: fixed, so that the command is the only choice it makes.
+#: thoughts the scaffolds shape writes before its commands: fixed, so that the command is the only choice it makes,
+#: and short (each token of an answer is one more that a sampled answer can break on).
 MSWEA_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-MSWEA_THOUGHTS = ("THOUGHT: I run the command the task asks for.", "THOUGHT: The task is done, so I submit.")
+MSWEA_THOUGHTS = ("THOUGHT: Run it.", "THOUGHT: Done.")
 SCAFFOLD_CONTEXT = 4096
-SCAFFOLD_STEPS = 120
+SCAFFOLD_STEPS = 240
 
 
 def mswea_answer(frames: dict[str, str], thought: str, command: str) -> str:
@@ -306,10 +307,12 @@ def mswea_frames() -> tuple[dict[str, str], str]:
 
 
 def _teach_scaffolds(model: Any, tokenizer: Any, frames: dict[str, str], rng: random.Random) -> float:
-    """The tiny model taught further: mini-swe-agent's episodes alone, four a step (each about 2,000 tokens, nearly
-    all of them the agent's prompt; 78 s on two idle cores)."""
+    """The tiny model taught further: mini-swe-agent's episodes alone, two a step (each about 2,000 tokens, nearly
+    all of them the agent's prompt; 75 s on two idle cores). Two a step rather than four for twice the steps: the
+    same tokens, a sharper model (a quarter of its first answers sampled at temperature 1 break the format or miss
+    the task; four a step for half the steps, with longer thoughts, seven in eight did)."""
     return _teach(
-        model, tokenizer, rng, lambda r: mswea_episode(frames, r), steps=SCAFFOLD_STEPS, batch_size=4, lr=2e-3,
+        model, tokenizer, rng, lambda r: mswea_episode(frames, r), steps=SCAFFOLD_STEPS, batch_size=2, lr=3e-3,
         answers_only=True,
     )  # fmt: skip
 
