@@ -9,11 +9,14 @@ from services.proxy.names import DEFAULT_ALIASES, SIDE_MODEL
 from services.proxy.replicas import parse_upstream, ray_replica_addresses, ray_weight_versions
 from services.proxy.server import ProxyServer
 from services.proxy.standalone import serve, use_fast_loop
+from services.proxy.trajectory import CapturedUsage, captured_usage
 
 __all__ = [
+    "CapturedUsage",
     "DEFAULT_ALIASES",
     "ProxyServer",
     "SIDE_MODEL",
+    "captured_usage",
     "parse_upstream",
     "ray_replica_addresses",
     "ray_weight_versions",

@@ -234,6 +234,35 @@ def prompt_ids(trajectory: dict[str, Any], index: int) -> list[int]:
     return [t for part in reversed(parts) for t in part]
 
 
+@dataclass(frozen=True)
+class CapturedUsage:
+    """What the model did for one session, read from its capture."""
+
+    turns: int
+    """The policy's calls (side calls are not turns of the agent)."""
+    prompt_tokens: int
+    """Tokens every call (side ones too: the replicas read them) sent as its prompt."""
+    completion_tokens: int
+    """Tokens every call's choices generated, side ones too."""
+    model_s: float
+    """Seconds the calls took, from request to last token."""
+
+
+def captured_usage(trajectory: dict[str, Any]) -> CapturedUsage:
+    """The turns, tokens and model time of a trajectory: what an agent that talks to the proxy from inside its sandbox
+    cannot report itself. A prompt's length is vLLM's count where it gave one, else the whole prompt's ids."""
+    turns = trajectory.get("turns") or []
+    prompt = completion = 0
+    seconds = 0.0
+    for index, turn in enumerate(turns):
+        completion += sum(len(c["completion_token_ids"]) for c in turn["choices"])
+        counted = (turn.get("usage") or {}).get("prompt_tokens")
+        prompt += int(counted) if counted is not None else len(prompt_ids(trajectory, index))
+        seconds += float(turn.get("duration_s") or 0.0)
+    policy = sum(1 for t in turns if not t.get("side"))
+    return CapturedUsage(policy, prompt, completion, seconds)
+
+
 def prompt_request(trajectory: dict[str, Any], index: int) -> dict[str, Any]:
     """The whole ``messages``, ``system`` and ``tools`` the client sent in turn ``index`` of a trajectory."""
     turns = trajectory["turns"]

@@ -136,6 +136,12 @@ async def test_a_mswea_trial_with_the_model_taught_under_it_passes_and_the_captu
     trajectory = json.loads((folder / "trajectory.json").read_text())
     turns = trajectory["turns"]
     assert len(turns) == 2 and not any(t["side"] for t in turns)
+    # The record counts what the capture holds (the agent, inside its sandbox, counts nothing itself): usage and
+    # the tracker's token sums read these.
+    generated = sum(len(c["completion_token_ids"]) for t in turns for c in t["choices"])
+    assert record["turns"] == 2 and record["tokens"]["completion"] == generated > 0
+    assert record["tokens"]["prompt"] == sum(t["usage"]["prompt_tokens"] for t in turns) > 2 * 1500
+    assert 0 < record["durations_s"]["model"] <= record["durations_s"]["wall"]
     # The capture is what vLLM returned: the turn's completion decodes to the text mini-swe-agent acted on.
     from transformers import AutoTokenizer
 

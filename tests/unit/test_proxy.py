@@ -16,7 +16,15 @@ import pytest
 
 from services.proxy.names import SIDE_MODEL
 from services.proxy.server import ProxyServer
-from services.proxy.trajectory import Choice, Recorder, Turn, derive_sequences, prompt_ids, prompt_request
+from services.proxy.trajectory import (
+    Choice,
+    Recorder,
+    Turn,
+    captured_usage,
+    derive_sequences,
+    prompt_ids,
+    prompt_request,
+)
 from tests.conftest import async_wait_until
 from tests.infra.fake_vllm import MODEL, FakeVLLM, logprob, render, token_ids
 
@@ -279,6 +287,24 @@ def test_masks_extend_a_sequence_while_prompts_extend_it_and_start_anew_when_con
         "response_logprobs": [-0.5],
         "turns": [[2, 0]],
     }
+
+
+def test_the_usage_of_a_capture_counts_policy_turns_and_every_calls_tokens_and_time() -> None:
+    recorder = Recorder()
+    t0 = turn([1, 2, 3], [10, 11])
+    t0.usage, t0.duration_s = {"prompt_tokens": 3, "completion_tokens": 2}, 0.5
+    side = turn([7, 8], [9])  # a title request: the replica's work, not a turn of the agent
+    side.side, side.duration_s = True, 0.25
+    t1 = turn([1, 2, 3, 10, 11, 20], [12, 13, 14])  # stored as what it adds; no usage: counted from its ids
+    t1.duration_s = 1.0
+    for t in (t0, side, t1):
+        recorder.add(t)
+    trajectory = {"turns": [t.as_dict() for t in recorder.turns]}
+    assert trajectory["turns"][2]["prompt_token_ids"] == [20]
+    assert captured_usage(trajectory) == captured_usage(orjson.loads(orjson.dumps(trajectory)))
+    usage = captured_usage(trajectory)
+    assert (usage.turns, usage.prompt_tokens, usage.completion_tokens, usage.model_s) == (2, 3 + 2 + 6, 2 + 1 + 3, 1.75)
+    assert captured_usage({"turns": []}).turns == captured_usage({}).completion_tokens == 0
 
 
 async def test_a_multi_turn_agent_conversation_is_one_sequence_with_its_mask(proxy: ProxyServer) -> None:

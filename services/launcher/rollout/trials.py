@@ -39,7 +39,7 @@ from services.launcher.rollout.agents.mswea import MsweaAgent
 from services.launcher.rollout.agents.ohsdk import OpenHandsSdkAgent
 from services.launcher.rollout.agents.opencode import OpenCodeAgent
 from services.launcher.rollout.agents.terminal import TerminalAgent, trial_seed
-from services.proxy.library import ProxyServer
+from services.proxy.library import ProxyServer, captured_usage
 from services.sandbox.library import Agent, Backend, TrialLimits, TrialRunner, make_agent
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,14 @@ class TrialLoop:
             )
         if trajectory is not None:
             (folder / TRAJECTORY).write_bytes(orjson.dumps(trajectory))
+        turns, tokens = getattr(agent, "turns", 0), dict(getattr(agent, "tokens", {}))
         model_s = getattr(agent, "model_seconds", 0.0)
+        if (
+            self.settings.agent in IN_SANDBOX and trajectory is not None
+        ):  # it calls the proxy itself: the capture counts
+            usage = captured_usage(trajectory)
+            turns, model_s = usage.turns, usage.model_s
+            tokens = {"prompt": usage.prompt_tokens, "completion": usage.completion_tokens}
         sandbox_s = timed.seconds  # every backend call, the agent's commands included
         wall = time.monotonic() - started
         record: dict[str, Any] = {
@@ -235,8 +242,8 @@ class TrialLoop:
             "termination_reason": result.termination_reason,
             "failure": result.failure.model_dump() if result.failure else None,
             "agent": agent.name,
-            "turns": getattr(agent, "turns", 0),
-            "tokens": dict(getattr(agent, "tokens", {})),
+            "turns": turns,
+            "tokens": tokens,
             "sandbox_retries": attempts,
             "durations_s": {
                 **{k2: round(v, 4) for k2, v in result.timings_s.items()},
