@@ -226,9 +226,7 @@ class TrialLoop:
             (folder / TRAJECTORY).write_bytes(orjson.dumps(trajectory))
         turns, tokens = getattr(agent, "turns", 0), dict(getattr(agent, "tokens", {}))
         model_s = getattr(agent, "model_seconds", 0.0)
-        if (
-            self.settings.agent in IN_SANDBOX and trajectory is not None
-        ):  # it calls the proxy itself: the capture counts
+        if self.settings.agent in IN_SANDBOX and trajectory is not None:  # it calls the proxy itself: count the capture
             usage = captured_usage(trajectory)
             turns, model_s = usage.turns, usage.model_s
             tokens = {"prompt": usage.prompt_tokens, "completion": usage.completion_tokens}
