@@ -1,0 +1,143 @@
+"""Carry each bundled scaffold through an infer, a train and an eval run on this machine, and print what each did.
+
+For every scaffold (``mswea``, ``oc``, ``ohsdk``, ``cc``; build their bundles first: ``runctl agents build mswea oc
+ohsdk cc``) it runs, with ``runctl run`` on the local backend (bubblewrap, the network off in every sandbox):
+
+- an infer run of ``examples/tasks`` (``--trials`` trials a task),
+- a train run on ``examples/tasks/write-done`` (``--steps`` GRPO steps of two trials, a checkpoint at the end),
+- an eval run of that checkpoint on ``examples/tasks-heldout`` (``--trials`` trials a task),
+
+and prints per run how its trials ended, how many passed, the tokens the model generated and the wall time.
+mini-swe-agent runs on the tiny model's scaffolds shape (``.cache/tinymodel-scaffolds``: taught under it, 4,096
+positions). The other three send a first prompt of 19,000 (OpenCode) to 49,000 (Claude Code) tokens, which no model
+taught here can hold: they run on a copy of that model whose configuration claims 65,536 positions (those past 4,096
+untaught), served with the context each needs, so they make real calls and end cleanly, solving nothing. Their train
+runs update on sequences of that length: OpenCode's and the SDK's (19,000 and 21,000 tokens, two a step) take about
+a minute a step and 6 GiB; Claude Code's two of 49,000 tokens took more than the 22 GiB this machine could give the
+update (the CPU trainer takes a step's batch in one pass), so ``cc`` is left out of ``--train`` by default and its
+eval run scores the model it started from.
+
+    python scripts/scaffold_runs.py [--scaffolds mswea oc ohsdk cc] [--train mswea oc ohsdk] [--trials 2] [--steps 2]
+
+As root, each run is started in a network namespace of its own with only loopback up (Ray binds the machine's
+address whatever it is told). About 22 minutes for all four on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCAFFOLDS = ("mswea", "oc", "ohsdk", "cc")
+#: The serving length each scaffold needs (its prompt as its bundle's build recorded it, with room to answer).
+CONTEXT = {"mswea": 4096, "oc": 32768, "ohsdk": 32768, "cc": 65536}
+LONG_POSITIONS = 65536
+SANDBOX_MEMORY_MB = 1024  # OpenCode alone needs about 520 MiB
+
+
+def long_copy(model: Path, folder: Path) -> Path:
+    """The scaffolds shape, its configuration claiming LONG_POSITIONS positions."""
+    out = folder / "long-model"
+    shutil.copytree(model, out)
+    config = json.loads((out / "config.json").read_text())
+    config["max_position_embeddings"] = LONG_POSITIONS
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def write_config(folder: Path, name: str, values: dict[str, object]) -> Path:
+    base: dict[str, object] = {
+        "ENGINE": "local", "TEAM": "demo", "PROJECT_NAME": "scaffolds", "EXP_NAME": name, "SERVED_MODEL_NAME": "tiny",
+        "TOOL_CALL_PARSER": "hermes", "NNODES": 1, "NGPUS_PER_NODE": 0, "GEN_TP": 1, "GEN_DP": 1, "BACKEND": "local",
+        "AGENT_MAX_ITERATIONS": 2, "AGENT_TIMEOUT_SEC": 400, "SANDBOX_MEMORY_MB": SANDBOX_MEMORY_MB,
+        "VLLM_READY_TIMEOUT": 300,
+    }  # fmt: skip
+    path = folder / f"{name}.env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in {**base, **values}.items()))
+    return path
+
+
+def run(config: Path, home: Path) -> tuple[Path, float]:
+    """``runctl run`` on one config; the run's folder and its wall time."""
+    argv = [str(Path(sys.executable).parent / "runctl"), "run", str(config)]
+    if os.geteuid() == 0:
+        argv = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
+    began = time.monotonic()
+    done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "RUNCTL_HOME": str(home)}, capture_output=True, text=True)
+    wall = time.monotonic() - began
+    if done.returncode != 0:
+        raise SystemExit(f"{config.name} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+    (folder,) = (home / "runs" / "demo").glob(f"{config.stem}-*")
+    return folder, wall
+
+
+def row(scaffold: str, kind: str, folder: Path, wall: float) -> str:
+    records = [json.loads(p.read_text()) for p in folder.glob("trials/*/trial-*/trial.json")]
+    endings = collections.Counter(r["termination_reason"] for r in records)
+    passes = sum(1 for r in records if r["reward"] == 1)
+    generated = sum(int(r["tokens"].get("completion", 0)) for r in records)
+    ended = ", ".join(f"{k} {v}" for k, v in sorted(endings.items()))
+    return f"{scaffold:<6} {kind:<6} {len(records):>6} {passes:>6} {generated:>9} {wall:>7.0f}  {ended}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scaffolds", nargs="+", choices=SCAFFOLDS, default=list(SCAFFOLDS))
+    parser.add_argument("--train", nargs="*", choices=SCAFFOLDS, default=["mswea", "oc", "ohsdk"])
+    parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "tinymodel-scaffolds")
+    args = parser.parse_args()
+    if not (args.model / "config.json").is_file():
+        raise SystemExit(f"no model at {args.model}: make it with python -m runctl.tinymodel --shape scaffolds DIR")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="scaffold-runs-") as tmp:
+        root = Path(tmp)
+        long_model = long_copy(args.model.resolve(), root)
+        for scaffold in args.scaffolds:
+            model = args.model.resolve() if scaffold == "mswea" else long_model
+            common = {"MODEL_PATH": model, "MAX_MODEL_LEN": CONTEXT[scaffold], "SCAFFOLD": scaffold}
+            infer = write_config(root, f"infer-{scaffold}", {
+                "RUN_TYPE": "infer", **common, "INDEX_FILE": ROOT / "examples" / "tasks", "N_TRIALS": args.trials,
+                "N_CONCURRENT": 2, "TEMPERATURE": 0.7, "TRIAL_HARD_TIMEOUT_SEC": 600,
+            })  # fmt: skip
+            folder, wall = run(infer, root / "home")
+            rows.append(row(scaffold, "infer", folder, wall))
+            evaluated = model
+            if scaffold in args.train:
+                train = write_config(root, f"train-{scaffold}", {
+                    "RUN_TYPE": "train", **common, "TRAIN_FILES": ROOT / "examples" / "tasks" / "write-done",
+                    "TRAIN_BSZ": 1, "N_RESP": 2, "AGENT_NUM_WORKERS": 2, "MAX_PROMPT": CONTEXT[scaffold] - 1024,
+                    "MAX_RESP": 1024, "TOTAL_TRAINING_STEPS": args.steps, "SAVE_FREQ": args.steps,
+                    "ACTOR_LR": 0.0005, "TEMPERATURE": 0.7, "EVAL_ON_CHECKPOINT": 0,
+                })  # fmt: skip
+                folder, wall = run(train, root / "home")
+                rows.append(row(scaffold, "train", folder, wall))
+                evaluated = Path(json.loads((folder / "summary.json").read_text())["last_checkpoint"])
+            else:
+                rows.append(f"{scaffold:<6} train  (not run: see --train)")
+            evaluate = write_config(root, f"eval-{scaffold}", {
+                "RUN_TYPE": "eval", **common, "MODEL_PATH": evaluated,
+                "DATASET_PATH": ROOT / "examples" / "tasks-heldout", "N_TRIALS": args.trials, "N_CONCURRENT": 2,
+                "EVAL_TEMPERATURE": 0.7,
+            })  # fmt: skip
+            folder, wall = run(evaluate, root / "home")
+            rows.append(row(scaffold, "eval", folder, wall))
+            print(*rows[-3:], sep="\n", flush=True)
+    print("== scaffolds through infer, train and eval runs (local backend, network off, this machine)")
+    print(f"{'agent':<6} {'run':<6} {'trials':>6} {'passes':>6} {'generated':>9} {'wall s':>7}  endings")
+    print(*rows, sep="\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
