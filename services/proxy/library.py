@@ -9,10 +9,9 @@ from services.proxy.names import DEFAULT_ALIASES, SIDE_MODEL
 from services.proxy.replicas import parse_upstream, ray_replica_addresses, ray_weight_versions
 from services.proxy.server import ProxyServer
 from services.proxy.standalone import serve, use_fast_loop
-from services.proxy.trajectory import CapturedUsage, captured_usage
+from services.proxy.trajectory import captured_usage
 
 __all__ = [
-    "CapturedUsage",
     "DEFAULT_ALIASES",
     "ProxyServer",
     "SIDE_MODEL",
