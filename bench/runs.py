@@ -48,9 +48,12 @@ def reexec_in_loopback_netns() -> None:
 
 
 def example_config(example: str, folder: Path, values: dict[str, str]) -> Path:
-    """``configs/examples/<example>`` with ``values`` set, written to ``folder/bench.env``."""
+    """``configs/examples/<example>`` with ``values`` set (those it has no line for added), written to
+    ``folder/bench.env``."""
     text = (ROOT / "configs" / "examples" / example).read_text()
     lines = [f"{k}={values[k]}" if (k := line.split("=", 1)[0]) in values else line for line in text.splitlines()]
+    present = {line.split("=", 1)[0] for line in lines}
+    lines += [f"{k}={v}" for k, v in values.items() if k not in present]
     path = folder / "bench.env"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -19,8 +19,9 @@ eval run scores the model it started from.
 
     python scripts/scaffold_runs.py [--scaffolds mswea oc ohsdk cc] [--train mswea oc ohsdk] [--trials 2] [--steps 2]
 
-As root, each run is started in a network namespace of its own with only loopback up (Ray binds the machine's
-address whatever it is told). About 22 minutes for all four on two cores.
+The configs are the shipped examples (``infer-mswea.env``, ``train-mswea.env``, ``eval-cpu.env``) with the values
+above set. As root, the script re-executes itself in a network namespace of its own with only loopback up (Ray binds
+the machine's address whatever it is told). About 22 minutes for all four on two cores.
 """
 
 from __future__ import annotations
@@ -36,12 +37,16 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from runs import ROOT, example_config, reexec_in_loopback_netns  # noqa: E402
+
 SCAFFOLDS = ("mswea", "oc", "ohsdk", "cc")
 #: The serving length each scaffold needs (its prompt as its bundle's build recorded it, with room to answer).
 CONTEXT = {"mswea": 4096, "oc": 32768, "ohsdk": 32768, "cc": 65536}
 LONG_POSITIONS = 65536
 SANDBOX_MEMORY_MB = 1024  # OpenCode alone needs about 520 MiB
+#: Two model calls are enough to end a trial; a cold prefill of Claude Code's prompt takes 70 s on two cores.
+AGENT_BUDGET = {"AGENT_MAX_ITERATIONS": 2, "AGENT_TIMEOUT_SEC": 400}
 
 
 def long_copy(model: Path, folder: Path) -> Path:
@@ -54,29 +59,23 @@ def long_copy(model: Path, folder: Path) -> Path:
     return out
 
 
-def write_config(folder: Path, name: str, values: dict[str, object]) -> Path:
-    base: dict[str, object] = {
-        "ENGINE": "local", "TEAM": "demo", "PROJECT_NAME": "scaffolds", "EXP_NAME": name, "SERVED_MODEL_NAME": "tiny",
-        "TOOL_CALL_PARSER": "hermes", "NNODES": 1, "NGPUS_PER_NODE": 0, "GEN_TP": 1, "GEN_DP": 1, "BACKEND": "local",
-        "AGENT_MAX_ITERATIONS": 2, "AGENT_TIMEOUT_SEC": 400, "SANDBOX_MEMORY_MB": SANDBOX_MEMORY_MB,
-        "VLLM_READY_TIMEOUT": 300,
-    }  # fmt: skip
-    path = folder / f"{name}.env"
-    path.write_text("".join(f"{k}={v}\n" for k, v in {**base, **values}.items()))
-    return path
+def write_config(folder: Path, example: str, name: str, values: dict[str, object]) -> Path:
+    """The shipped example ``example`` with ``values`` set, as run ``name`` (its EXP_NAME) in ``folder/name``."""
+    out = folder / name
+    out.mkdir()
+    values = {**values, "EXP_NAME": name, "SANDBOX_MEMORY_MB": SANDBOX_MEMORY_MB, **AGENT_BUDGET}
+    return example_config(example, out, {k: str(v) for k, v in values.items()})
 
 
 def run(config: Path, home: Path) -> tuple[Path, float]:
     """``runctl run`` on one config; the run's folder and its wall time."""
     argv = [str(Path(sys.executable).parent / "runctl"), "run", str(config)]
-    if os.geteuid() == 0:
-        argv = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
     began = time.monotonic()
     done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "RUNCTL_HOME": str(home)}, capture_output=True, text=True)
     wall = time.monotonic() - began
     if done.returncode != 0:
-        raise SystemExit(f"{config.name} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
-    (folder,) = (home / "runs" / "demo").glob(f"{config.stem}-*")
+        raise SystemExit(f"{config} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+    (folder,) = (home / "runs" / "demo").glob(f"{config.parent.name}-*")
     return folder, wall
 
 
@@ -97,6 +96,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "tinymodel-scaffolds")
     args = parser.parse_args()
+    reexec_in_loopback_netns()
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"no model at {args.model}: make it with python -m runctl.tinymodel --shape scaffolds DIR")
     rows = []
@@ -106,29 +106,26 @@ def main() -> int:
         for scaffold in args.scaffolds:
             model = args.model.resolve() if scaffold == "mswea" else long_model
             common = {"MODEL_PATH": model, "MAX_MODEL_LEN": CONTEXT[scaffold], "SCAFFOLD": scaffold}
-            infer = write_config(root, f"infer-{scaffold}", {
-                "RUN_TYPE": "infer", **common, "INDEX_FILE": ROOT / "examples" / "tasks", "N_TRIALS": args.trials,
-                "N_CONCURRENT": 2, "TEMPERATURE": 0.7, "TRIAL_HARD_TIMEOUT_SEC": 600,
+            infer = write_config(root, "infer-mswea.env", f"infer-{scaffold}", {
+                **common, "N_TRIALS": args.trials, "N_CONCURRENT": 2, "TRIAL_HARD_TIMEOUT_SEC": 600,
             })  # fmt: skip
             folder, wall = run(infer, root / "home")
             rows.append(row(scaffold, "infer", folder, wall))
             evaluated = model
             if scaffold in args.train:
-                train = write_config(root, f"train-{scaffold}", {
-                    "RUN_TYPE": "train", **common, "TRAIN_FILES": ROOT / "examples" / "tasks" / "write-done",
-                    "TRAIN_BSZ": 1, "N_RESP": 2, "AGENT_NUM_WORKERS": 2, "MAX_PROMPT": CONTEXT[scaffold] - 1024,
-                    "MAX_RESP": 1024, "TOTAL_TRAINING_STEPS": args.steps, "SAVE_FREQ": args.steps,
-                    "ACTOR_LR": 0.0005, "TEMPERATURE": 0.7, "EVAL_ON_CHECKPOINT": 0,
+                train = write_config(root, "train-mswea.env", f"train-{scaffold}", {
+                    **common, "TRAIN_FILES": ROOT / "examples" / "tasks" / "write-done", "N_RESP": 2,
+                    "AGENT_NUM_WORKERS": 2, "MAX_PROMPT": CONTEXT[scaffold] - 1024, "MAX_RESP": 1024,
+                    "TOTAL_TRAINING_STEPS": args.steps, "SAVE_FREQ": args.steps, "LR_WARMUP_STEPS": 0,
+                    "EVAL_ON_CHECKPOINT": 0,
                 })  # fmt: skip
                 folder, wall = run(train, root / "home")
                 rows.append(row(scaffold, "train", folder, wall))
                 evaluated = Path(json.loads((folder / "summary.json").read_text())["last_checkpoint"])
             else:
                 rows.append(f"{scaffold:<6} train  (not run: see --train)")
-            evaluate = write_config(root, f"eval-{scaffold}", {
-                "RUN_TYPE": "eval", **common, "MODEL_PATH": evaluated,
-                "DATASET_PATH": ROOT / "examples" / "tasks-heldout", "N_TRIALS": args.trials, "N_CONCURRENT": 2,
-                "EVAL_TEMPERATURE": 0.7,
+            evaluate = write_config(root, "eval-cpu.env", f"eval-{scaffold}", {
+                **common, "MODEL_PATH": evaluated, "N_TRIALS": args.trials, "N_CONCURRENT": 2,
             })  # fmt: skip
             folder, wall = run(evaluate, root / "home")
             rows.append(row(scaffold, "eval", folder, wall))
