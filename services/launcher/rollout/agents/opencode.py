@@ -2,8 +2,10 @@
 
 The bundle holds OpenCode's native executable (npm's platform package, installed without its install scripts; its
 OpenAI-compatible provider is built in, so it fetches nothing on its first run) and a Python for the relay. OpenCode
-runs headless on the instruction: ``opencode run --format json --pure --auto --title trial -- INSTRUCTION`` (JSON
-events, no external plugins, its permission prompts answered yes, a title given so that it asks for none),
+runs headless on the instruction: ``opencode run --format json --pure --auto --title trial < instruction.md`` (JSON
+events, no external plugins, its permission prompts answered yes, a title given so that it asks for none; the task's
+words read from its standard input, as written: an argument would be quoted by OpenCode when it holds a space, and
+one argument is limited to 128 KiB),
 configured through ``OPENCODE_CONFIG_CONTENT``: one provider, ``runctl``, OpenAI-compatible, whose ``baseURL`` is the
 trial's proxy session through the relay; the served model as its model, and as its small model (titles, summaries)
 the proxy's side model, whose calls the session keeps out of the loss; the run's context and response length as their
@@ -114,8 +116,8 @@ class OpenCodeAgent(BundledAgent):
         }
         super().__init__(bundle, session_path, model, socket_dir, env)
         self.command = (
-            f"{shlex.quote(bundle.executable)} run --format json --pure --auto --title trial -- "
-            f'"$(cat {AGENT_DIR_INSIDE}/instruction.md)" > {OUTCOME}'
+            f"{shlex.quote(bundle.executable)} run --format json --pure --auto --title trial "
+            f"< {AGENT_DIR_INSIDE}/instruction.md > {OUTCOME}"
         )
 
     def read_outcome(self, backend: Backend, sandbox: Sandbox) -> dict[str, Any] | None:
