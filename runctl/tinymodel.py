@@ -5,9 +5,11 @@ a million parameters, its output head untied from the embedding) and a byte-leve
 generated text, saved with a ChatML chat template that renders tools, tool calls and tool results the way
 Hermes-style tool parsers read them. Both are seeded, so the same version of this module makes the same files.
 
-The ``scaffolds`` shape is that model taught further, with a longer context (4,096 positions), to act under
-mini-swe-agent: its own system message, its task message and its observations, read from the mswea bundle's frames
-(``runctl agents build mswea``), the example commands written as its one-command answers, then its submit command.
+The ``scaffolds`` shape is that model taught further, with a longer context (32,768 positions), to act under
+mini-swe-agent — its own system message, its task message and its observations, read from the mswea bundle's frames
+(``runctl agents build mswea``), the example commands written as its one-command answers, then its submit command —
+and under OpenCode, a scaffold that sends tools: its system prompt and its ten tools as the oc bundle recorded
+them (``runctl agents build oc``), the example commands as calls of its ``bash`` tool, then an answer without a call.
 Its tokenizer is the tiny model's, so the same tool parser and chat template serve it.
 
 ``python -m runctl.tinymodel DIR`` writes the model into DIR (``config.json``, ``model.safetensors``, the tokenizer
@@ -27,10 +29,11 @@ import os
 import random
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-VERSION = 5
+VERSION = 6
 STAMP = "runctl-tinymodel.json"
 VOCAB_SIZE = 2048
 SEED = 20261130
@@ -195,49 +198,69 @@ def _teach(
     makes each example (:func:`_conversation` when not given), and only the assistant's tokens are learned.
     ``answers_only``: the output head runs on the answers' positions alone (the same loss; on long prompts with short
     answers, a quarter less work a step). Returns the last loss."""
-    import torch
 
     make_conversation = conversations or _conversation
 
     def example() -> tuple[list[int], list[int]]:
-        messages, tools = make_conversation(rng)
-        ids: list[int] = []
-        labels: list[int] = []
-        done = 0
-        for i, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            before = tokenizer.apply_chat_template(
-                messages[:i], tools=tools, add_generation_prompt=True, tokenize=False
-            )
-            after = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
-            context = tokenizer(before[done:], add_special_tokens=False)["input_ids"]
-            answer = tokenizer(after[len(before) :].removesuffix("\n"), add_special_tokens=False)["input_ids"]
-            ids += context + answer
-            labels += [-100] * len(context) + answer
-            done = len(after) - 1
-        return ids, labels
+        return _tokens(tokenizer, *make_conversation(rng))
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    # Decay to a tenth: the last steps sharpen what was learned (the taught commands come out whole).
-    schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, steps)
+    update = _updater(model, lr, steps)
     model.train()
     loss_value = 0.0
     for _ in range(steps):
-        batch = [example() for _ in range(batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])
-        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
-        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
-        loss = _loss(model, input_ids, mask, labels, answers_only)
+        loss_value = update(_loss(model, *_padded(tokenizer, [example() for _ in range(batch_size)]), answers_only))
+    model.eval()
+    return loss_value
+
+
+def _updater(model: Any, lr: float, steps: int) -> Any:
+    """AdamW over ``steps`` steps, its rate decaying linearly to a tenth (the last steps sharpen what was learned: the
+    taught commands come out whole): a function that takes a step's loss, updates, and returns the loss's value."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, steps)
+
+    def update(loss: Any) -> float:
         loss.backward()
         optimizer.step()
         schedule.step()
         optimizer.zero_grad()
-        loss_value = float(loss.detach())
-    model.eval()
-    return loss_value
+        return float(loss.detach())
+
+    return update
+
+
+def _padded(tokenizer: Any, batch: list[tuple[list[int], list[int]]]) -> tuple[Any, Any, Any]:
+    """Examples (:func:`_tokens`) as one batch padded on the right: token ids, attention mask, labels."""
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in batch])
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+    return input_ids, mask, labels
+
+
+def _tokens(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, start: int = 0
+) -> tuple[list[int], list[int]]:
+    """A conversation's tokens from character ``start`` of its rendering on, and their labels: the assistant's
+    answers learned, the rest not (-100)."""
+    ids: list[int] = []
+    labels: list[int] = []
+    done = start
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:i], tools=tools, add_generation_prompt=True, tokenize=False)
+        after = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
+        context = tokenizer(before[done:], add_special_tokens=False)["input_ids"]
+        answer = tokenizer(after[len(before) :].removesuffix("\n"), add_special_tokens=False)["input_ids"]
+        ids += context + answer
+        labels += [-100] * len(context) + answer
+        done = len(after) - 1
+    return ids, labels
 
 
 def _loss(model: Any, input_ids: Any, mask: Any, labels: Any, answers_only: bool) -> Any:
@@ -259,8 +282,14 @@ def _loss(model: Any, input_ids: Any, mask: Any, labels: Any, answers_only: bool
 #: and short (each token of an answer is one more that a sampled answer can break on).
 MSWEA_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 MSWEA_THOUGHTS = ("THOUGHT: Run it.", "THOUGHT: Done.")
-SCAFFOLD_CONTEXT = 4096
+#: Positions of the scaffolds shape: OpenCode's first request alone is 18,700 of the tiny tokenizer's tokens.
+SCAFFOLD_CONTEXT = 32768
 SCAFFOLD_STEPS = 240
+#: OpenCode's episodes: 120 steps of eight, after 40 openings (three steps each), each step with two of mini-swe-agent's
+#: beside.
+OC_STEPS = 120
+OC_BATCH = 8
+OC_PER_OPENING = 3
 
 
 def mswea_answer(frames: dict[str, str], thought: str, command: str) -> str:
@@ -277,13 +306,19 @@ def mswea_answer(frames: dict[str, str], thought: str, command: str) -> str:
     return answer
 
 
+def _taught_example(rng: random.Random) -> tuple[str, str, str]:
+    """An example task's instruction, one of its taught commands, and an output for it (empty half the time)."""
+    skill = rng.choice(list(SKILLS))
+    command = rng.choice(SKILLS[skill])
+    output = "" if rng.random() < 0.5 else " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 8)))
+    return skill, command, output
+
+
 def mswea_episode(frames: dict[str, str], rng: random.Random) -> Conversation:
     """One example task solved under mini-swe-agent's frames: the taught command, its observation, the submit."""
     from runctl.bundles import OUTPUT_MARK, TASK_MARK
 
-    skill = rng.choice(list(SKILLS))
-    command = rng.choice(SKILLS[skill])
-    output = "" if rng.random() < 0.5 else " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 8)))
+    skill, command, output = _taught_example(rng)
     messages = [
         {"role": "system", "content": frames["system"]},
         {"role": "user", "content": frames["instance"].replace(TASK_MARK, skill + "\n")},
@@ -315,6 +350,134 @@ def _teach_scaffolds(model: Any, tokenizer: Any, frames: dict[str, str], rng: ra
         model, tokenizer, rng, lambda r: mswea_episode(frames, r), steps=SCAFFOLD_STEPS, batch_size=2, lr=3e-3,
         answers_only=True,
     )  # fmt: skip
+
+
+def oc_request() -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+    """The system message and tools of the first request the oc bundle's OpenCode sent when it was built, and the
+    bundle's hash.
+
+    Raises:
+        runctl.bundles.BundleError: the bundle is not built (its message names the command that builds it).
+    """
+    from runctl import bundles
+
+    bundle = bundles.load("oc")
+    _, messages, tools = (json.loads(line) for line in bundle.prompt().splitlines())
+    return messages[0], tools, bundle.sha256
+
+
+def oc_opening(
+    system: dict[str, Any], tools: list[dict[str, Any]], rng: random.Random
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """OpenCode's recorded system message with what it says of its trial drawn anew — the model's name and id, the
+    working directory, whether it is a git repository, today's date — and its tools: what a trial's first request
+    opens with varies in these, so the model is taught under many."""
+    import re
+
+    content = str(system["content"])
+    name = "-".join(rng.sample(_WORDS[10:60], rng.randint(1, 2)))
+    provider = rng.choice(("runctl", "openai", "local", "vllm"))
+    content = re.sub(
+        r"(You are powered by the model named )(\S+?)(\. The exact model ID is )(\S+)",
+        lambda m: f"{m.group(1)}{name}{m.group(3)}{provider}/{name}", content,
+    )  # fmt: skip
+    folder = rng.choice(("/app", "/work", "/testbed", "/workspace", "/tmp/task", "/home/user/repo"))
+    content = re.sub(r"(Working directory: )(\S+)", lambda m: m.group(1) + folder, content)
+    content = re.sub(r"(Is directory a git repo: )(\S+)", lambda m: m.group(1) + rng.choice(("yes", "no")), content)
+    day = 1 + rng.randrange(3650)
+    date = time.strftime("%a %b %d %Y", time.gmtime((day + 20454) * 86400))  # a day in 2026-2035
+    content = re.sub(r"(Today's date: )(.+)", lambda m: m.group(1) + date, content)
+    return {**system, "content": content}, tools
+
+
+def oc_episode(system: dict[str, Any], tools: list[dict[str, Any]], rng: random.Random) -> Conversation:
+    """One example task solved under OpenCode: its system message and tools, the task's words as it sends them (the
+    instruction file, read from its standard input), a ``bash`` call of the taught command, the command's output as
+    the tool's result, then a short answer without a call, which ends OpenCode's run."""
+    skill, command, output = _taught_example(rng)
+    output = output or "(no output)"  # what OpenCode's bash tool answers for a command that printed nothing
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+    }
+    messages = [
+        system,
+        {"role": "user", "content": skill + "\n"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": output},
+        {"role": "assistant", "content": "Done."},
+    ]
+    return messages, tools
+
+
+def _teach_prefixed(
+    model: Any, tokenizer: Any, rng: random.Random, openings: Any, conversations: Any, steps: int, batch_size: int,
+    lr: float, per_opening: int = 1, rehearse: Any = None,
+) -> float:  # fmt: skip
+    """:func:`_teach` for conversations that open with one long system turn (OpenCode's: 18,700 tokens of prompt and
+    tools, then a few dozen of task and answers). Every ``per_opening`` steps it draws an opening (``openings(rng)``: a
+    system message and tools), whose keys and values are computed without gradients (2.4 s on two cores); each step
+    learns on ``batch_size`` conversations after it (``conversations(system, tools, rng)``: 0.85 s for eight) alone,
+    attending to them: the answers are learned in the context they are given in, at a fraction of the work of whole
+    sequences. Openings are drawn anew because a model taught after one fixed opening answers it alone: changing the
+    date in it broke every answer. ``rehearse(rng)``: a conversation of an earlier teaching, two of which are learned
+    whole beside each step's (taught under OpenCode alone, the model answered mini-swe-agent's tasks with OpenCode's
+    closing words; with one a step, it answered say-yes with yes alone, eight times in eight).
+    Returns the last loss."""
+    import torch
+
+    update = _updater(model, lr, steps)
+    loss_value = 0.0
+    for step in range(steps):
+        if step % per_opening == 0:
+            system, tools = openings(rng)
+            opening = tokenizer.apply_chat_template([system], tools=tools, tokenize=False)
+            kept = _opening(model, torch.tensor([tokenizer(opening, add_special_tokens=False)["input_ids"]]))
+        model.train()
+        batch = []
+        for _ in range(batch_size):
+            messages, sent = conversations(system, tools, rng)
+            if messages[0] != system or sent != tools:
+                raise ValueError("a conversation given to _teach_prefixed does not open with the step's opening")
+            batch.append(_tokens(tokenizer, messages, tools, start=len(opening)))
+        input_ids, _, labels = _padded(tokenizer, batch)
+        loss = _prefixed_loss(model, kept, input_ids, labels)
+        if rehearse is not None:  # the earlier teaching's examples beside: without them the model forgets it
+            again = [_tokens(tokenizer, *rehearse(rng)) for _ in range(2)]
+            loss = loss + _loss(model, *_padded(tokenizer, again), answers_only=True)
+        loss_value = update(loss)
+    model.eval()
+    return loss_value
+
+
+def _opening(model: Any, prefix: Any) -> list[tuple[Any, Any]]:
+    """Each layer's keys and values for the token ids ``prefix`` (one row), computed without gradients."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        layers = model.model(input_ids=prefix, use_cache=True).past_key_values.layers
+    return [(layer.keys, layer.values) for layer in layers]
+
+
+def _prefixed_loss(model: Any, opening: list[tuple[Any, Any]], input_ids: Any, labels: Any) -> Any:
+    """The causal LM loss of rows that continue ``opening`` (:func:`_opening`), padded on the right: the loss of the
+    whole sequences on these labels, with no gradient through the opening."""
+    import torch
+    from transformers import DynamicCache
+
+    size = input_ids.shape[0]
+    cache = DynamicCache(
+        ddp_cache_data=[(k.expand(size, -1, -1, -1), v.expand(size, -1, -1, -1)) for k, v in opening],
+        config=model.config,
+    )
+    hidden = model.model(input_ids=input_ids, past_key_values=cache).last_hidden_state
+    # A label predicts its token from the position before it; the opening's last position predicts the rows' first
+    # token, which is never learned (a turn's opening words), so the rows' own positions are enough.
+    targets = labels[:, 1:]
+    learned = targets != -100
+    return torch.nn.functional.cross_entropy(model.lm_head(hidden[:, :-1][learned]), targets[learned])
 
 
 #: Network shapes: the taught chat model, and an untaught larger one whose forward pass dominates generation time
@@ -452,12 +615,15 @@ def make(folder: Path, shape: str = "tiny") -> Path:
 
 def _make_scaffolds(folder: Path) -> Path:
     """The ``scaffolds`` shape: the tiny model (made or taken from the cache), its context widened, taught under the
-    mswea bundle's frames. A model made from other frames (another mini-swe-agent) is made again."""
-    frames, bundle_hash = mswea_frames()
-    stamp_extra = {"frames_from": bundle_hash}
-    if is_made(folder, SCAFFOLD_SHAPE) and _stamp(folder).get("frames_from") == bundle_hash:
+    mswea bundle's frames, then under the oc bundle's first request. A model made from other bundles (another
+    mini-swe-agent or OpenCode) is made again."""
+    frames, frames_hash = mswea_frames()
+    system, tools, request_hash = oc_request()
+    made_from = {"frames_from": frames_hash, "request_from": request_hash}
+    stamp = _stamp(folder)
+    if is_made(folder, SCAFFOLD_SHAPE) and all(stamp.get(k) == v for k, v in made_from.items()):
         return folder
-    cached = cached_copy(SCAFFOLD_SHAPE, bundle_hash)
+    cached = cached_copy(SCAFFOLD_SHAPE, frames_hash + request_hash)
     if cached is not None and is_made(cached, SCAFFOLD_SHAPE):
         _copy_model(cached, folder)
         return folder
@@ -473,13 +639,19 @@ def _make_scaffolds(folder: Path) -> Path:
     model.config.max_position_embeddings = SCAFFOLD_CONTEXT
     tokenizer.model_max_length = SCAFFOLD_CONTEXT
     torch.manual_seed(SEED + 1)
-    loss = _teach_scaffolds(model, tokenizer, frames, random.Random(SEED + 1))
+    rng = random.Random(SEED + 1)
+    loss = _teach_scaffolds(model, tokenizer, frames, rng)
+    oc_loss = _teach_prefixed(
+        model, tokenizer, rng, lambda r: oc_opening(system, tools, r), oc_episode, steps=OC_STEPS,
+        batch_size=OC_BATCH, lr=3e-3, per_opening=OC_PER_OPENING, rehearse=lambda r: mswea_episode(frames, r),
+    )  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(folder)
     model.save_pretrained(folder, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())
     stamp = {"version": VERSION, "shape": SCAFFOLD_SHAPE, "parameters": params, "teach_loss": round(loss, 4)}
-    (folder / STAMP).write_text(json.dumps(stamp | stamp_extra) + "\n")
+    stamp["teach_loss_oc"] = round(oc_loss, 4)
+    (folder / STAMP).write_text(json.dumps(stamp | made_from) + "\n")
     if cached is not None:
         _keep(folder, cached)
     return folder
@@ -499,7 +671,8 @@ def main(argv: list[str] | None = None) -> int:
         "--shape",
         choices=sorted([*SHAPES, SCAFFOLD_SHAPE]),
         default="tiny",
-        help="tiny (taught chat model), scaffolds (it, taught under mini-swe-agent: needs its bundle) or bench",
+        help="tiny (taught chat model), scaffolds (it, taught under mini-swe-agent and OpenCode: needs their bundles) "
+        "or bench",
     )
     args = parser.parse_args(argv)
     made = make(args.folder, args.shape)

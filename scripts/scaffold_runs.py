@@ -8,14 +8,14 @@ ohsdk cc``) it runs, with ``runctl run`` on the local backend (bubblewrap, the n
 - an eval run of that checkpoint on ``examples/tasks-heldout`` (``--trials`` trials a task),
 
 and prints per run how its trials ended, how many passed, the tokens the model generated and the wall time.
-mini-swe-agent runs on the tiny model's scaffolds shape (``.cache/tinymodel-scaffolds``: taught under it, 4,096
-positions). The other three send a first prompt of 19,000 (OpenCode) to 49,000 (Claude Code) tokens, which no model
-taught here can hold: they run on a copy of that model whose configuration claims 65,536 positions (those past 4,096
-untaught), served with the context each needs, so they make real calls and end cleanly, solving nothing. Their train
-runs update on sequences of that length: OpenCode's and the SDK's (19,000 and 21,000 tokens, two a step) take about
-a minute a step and 6 GiB; Claude Code's two of 49,000 tokens took more than the 22 GiB this machine could give the
-update (the CPU trainer takes a step's batch in one pass), so ``cc`` is left out of ``--train`` by default and its
-eval run scores the model it started from.
+mini-swe-agent, OpenCode and the OpenHands SDK run on the tiny model's scaffolds shape (``.cache/tinymodel-scaffolds``:
+32,768 positions, taught under mini-swe-agent and OpenCode), served with the context each needs; Claude Code's first
+prompt (49,000 tokens) does not fit it, so cc runs on a copy whose configuration claims 65,536 positions (those past
+32,768 untaught): its calls are real and its trials end cleanly, solving nothing. The train runs of the tool
+scaffolds update on sequences of their prompts' length: OpenCode's and the SDK's (19,000 and 21,000 tokens, two a
+step) take about a minute a step and 6 GiB; Claude Code's two of 49,000 tokens took more than the 22 GiB this machine
+could give the update (the CPU trainer takes a step's batch in one pass), so ``cc`` is left out of ``--train`` by
+default and its eval run scores the model it started from.
 
     python scripts/scaffold_runs.py [--scaffolds mswea oc ohsdk cc] [--train mswea oc ohsdk] [--trials 2] [--steps 2]
 
@@ -45,12 +45,14 @@ SCAFFOLDS = ("mswea", "oc", "ohsdk", "cc")
 CONTEXT = {"mswea": 4096, "oc": 32768, "ohsdk": 32768, "cc": 65536}
 LONG_POSITIONS = 65536
 SANDBOX_MEMORY_MB = 1024  # OpenCode alone needs about 520 MiB
-#: Two model calls are enough to end a trial; a cold prefill of Claude Code's prompt takes 70 s on two cores.
+#: Two model calls are enough to end a trial (a cold prefill of Claude Code's prompt takes 70 s on two cores); OpenCode
+#: takes its tools away at its last step, so the model taught under it (a call, then an answer) is given four.
 AGENT_BUDGET = {"AGENT_MAX_ITERATIONS": 2, "AGENT_TIMEOUT_SEC": 400}
+TURNS = {"oc": 4}
 
 
 def long_copy(model: Path, folder: Path) -> Path:
-    """The scaffolds shape, its configuration claiming LONG_POSITIONS positions."""
+    """The scaffolds shape, its configuration claiming LONG_POSITIONS positions (Claude Code's prompt needs them)."""
     out = folder / "long-model"
     shutil.copytree(model, out)
     config = json.loads((out / "config.json").read_text())
@@ -63,7 +65,7 @@ def write_config(folder: Path, example: str, name: str, values: dict[str, object
     """The shipped example ``example`` with ``values`` set, as run ``name`` (its EXP_NAME) in ``folder/name``."""
     out = folder / name
     out.mkdir()
-    values = {**values, "EXP_NAME": name, "SANDBOX_MEMORY_MB": SANDBOX_MEMORY_MB, **AGENT_BUDGET}
+    values = {"EXP_NAME": name, "SANDBOX_MEMORY_MB": SANDBOX_MEMORY_MB, **AGENT_BUDGET, **values}
     return example_config(example, out, {k: str(v) for k, v in values.items()})
 
 
@@ -95,6 +97,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "tinymodel-scaffolds")
+    parser.add_argument("--keep", type=Path, help="copy the runs' folders (trials, captures, logs) here at the end")
     args = parser.parse_args()
     reexec_in_loopback_netns()
     if not (args.model / "config.json").is_file():
@@ -104,8 +107,9 @@ def main() -> int:
         root = Path(tmp)
         long_model = long_copy(args.model.resolve(), root)
         for scaffold in args.scaffolds:
-            model = args.model.resolve() if scaffold == "mswea" else long_model
+            model = long_model if CONTEXT[scaffold] > LONG_POSITIONS // 2 else args.model.resolve()
             common = {"MODEL_PATH": model, "MAX_MODEL_LEN": CONTEXT[scaffold], "SCAFFOLD": scaffold}
+            common["AGENT_MAX_ITERATIONS"] = TURNS.get(scaffold, AGENT_BUDGET["AGENT_MAX_ITERATIONS"])
             infer = write_config(root, "infer-mswea.env", f"infer-{scaffold}", {
                 **common, "N_TRIALS": args.trials, "N_CONCURRENT": 2, "TRIAL_HARD_TIMEOUT_SEC": 600,
             })  # fmt: skip
@@ -130,6 +134,8 @@ def main() -> int:
             folder, wall = run(evaluate, root / "home")
             rows.append(row(scaffold, "eval", folder, wall))
             print(*rows[-3:], sep="\n", flush=True)
+        if args.keep is not None:
+            shutil.copytree(root / "home" / "runs", args.keep, dirs_exist_ok=True)
     print("== scaffolds through infer, train and eval runs (local backend, network off, this machine)")
     print(f"{'agent':<6} {'run':<6} {'trials':>6} {'passes':>6} {'generated':>9} {'wall s':>7}  endings")
     print(*rows, sep="\n")

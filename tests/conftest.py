@@ -123,6 +123,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if vllm_server.why_unavailable() is None and not tinymodel.is_made(vllm_server.MODEL_DIR):
         print(f"\nmaking the tiny model in {vllm_server.MODEL_DIR} (once per checkout; a few minutes) ...", flush=True)
         vllm_server.tiny_model()
+    # Its scaffolds shape too, when a selected test serves it and the bundles it is taught from are built (the test
+    # command builds them; elsewhere the first such test builds them and makes it): taught on idle cores it takes
+    # about five minutes; in a worker beside the suite's others, its mini-swe-agent part alone (75 s idle) took eleven.
+    serves_it = any("scaffold_model" in getattr(item, "fixturenames", ()) for item in session.items)
+    if vllm_server.why_unavailable() is None and serves_it:
+        from runctl import bundles
+
+        try:
+            bundles.load("mswea"), bundles.load("oc")
+        except bundles.BundleError:
+            return
+        if not tinymodel.is_made(vllm_server.MODEL_DIR.with_name("tinymodel-scaffolds"), tinymodel.SCAFFOLD_SHAPE):
+            print("making its scaffolds shape (taught under mini-swe-agent and OpenCode; minutes) ...", flush=True)
+        vllm_server.tiny_model(tinymodel.SCAFFOLD_SHAPE)
 
 
 # The tracker API's admin token of the trackers the tests start (they inherit it), and of the SDK in-process.

@@ -103,16 +103,25 @@ async def test_a_mswea_trial_drives_the_model_through_the_proxy_and_ends_cleanly
 
 
 @pytest.fixture(scope="module")
-def scaffold_model(mswea_bundle: bundles.Bundle) -> Iterator[vllm_infra.VLLMServer]:
-    """The tiny model's scaffolds shape (taught under mini-swe-agent's frames, 4,096 positions), served at that
-    context."""
+def scaffold_model(mswea_bundle: bundles.Bundle, oc_bundle: bundles.Bundle) -> Iterator[vllm_infra.VLLMServer]:
+    """The tiny model's scaffolds shape (taught under mini-swe-agent's frames and OpenCode's first request, 32,768
+    positions), served at that context."""
     model = vllm_infra.tiny_model("scaffolds")
     with vllm_infra.vllm_server(model, max_model_len=tinymodel.SCAFFOLD_CONTEXT) as server:
         yield server
 
 
-# The first test to ask for the scaffolds shape teaches it (75 s on two idle cores; a fresh CI run, the suite beside
-# it, took more than 300 s): the limit covers that and the trial.
+async def taught_trial(
+    tmp_path: Path, server: vllm_infra.VLLMServer, **values: Any
+) -> tuple[Path, list[str]]:  # fmt: skip
+    """:func:`one_trial` on the scaffolds shape, greedy, with four turns."""
+    model = vllm_infra.tiny_model("scaffolds")
+    greedy = {"MODEL_PATH": model, "MAX_MODEL_LEN": tinymodel.SCAFFOLD_CONTEXT, "TEMPERATURE": 0.0}
+    return await one_trial(tmp_path, server, AGENT_MAX_ITERATIONS=4, **greedy, **values)
+
+
+# The suite makes the scaffolds shape before its first test (tests/conftest.py) when the bundles are built; where they
+# are not, the first test to ask builds them and teaches it (five minutes on two idle cores): the limit covers that.
 @pytest.mark.timeout(900)
 async def test_a_mswea_trial_with_the_model_taught_under_it_passes_and_the_capture_is_vllms_tokens(
     tmp_path: Path, scaffold_model: vllm_infra.VLLMServer, mswea_bundle: bundles.Bundle
@@ -120,14 +129,7 @@ async def test_a_mswea_trial_with_the_model_taught_under_it_passes_and_the_captu
     # write-done's one taught command is `echo done > answer.txt`: the model runs it as mini-swe-agent's one action,
     # reads the observation and submits; the verifier finds the file. Two model calls, both the policy's.
     model = vllm_infra.tiny_model("scaffolds")
-    values = {"MODEL_PATH": model, "MAX_MODEL_LEN": tinymodel.SCAFFOLD_CONTEXT, "TEMPERATURE": 0.0}
-    folder, published = await one_trial(
-        tmp_path,
-        scaffold_model,
-        SCAFFOLD="mswea",
-        AGENT_MAX_ITERATIONS=4,
-        **values,  # type: ignore[arg-type]
-    )
+    folder, published = await taught_trial(tmp_path, scaffold_model, SCAFFOLD="mswea")
     record = json.loads((folder / "trial.json").read_text())
     ended = json.loads((folder / "logs" / "agent" / "mswea.json").read_text())
     assert ended["exit_status"] == "Submitted" and ended["calls"] == 2, ended
@@ -151,6 +153,40 @@ async def test_a_mswea_trial_with_the_model_taught_under_it_passes_and_the_captu
     tokenizer = AutoTokenizer.from_pretrained(model)
     first = tokenizer.decode(turns[0]["choices"][0]["completion_token_ids"], skip_special_tokens=True)
     assert "echo done > answer.txt" in first and first == turns[0]["choices"][0]["output"]["content"]
+
+
+@pytest.mark.timeout(900)
+async def test_an_opencode_trial_with_the_model_taught_under_it_passes_through_a_parsed_tool_call(
+    tmp_path: Path, scaffold_model: vllm_infra.VLLMServer, oc_bundle: bundles.Bundle
+) -> None:
+    # OpenCode sends its 18,700-token prompt with ten tools; the model answers write-done with a call of its bash
+    # tool, which vLLM's Hermes parser (TOOL_CALL_PARSER) turns into the surface's tool call, OpenCode runs it in the
+    # sandbox and sends its result, and the model answers without a call: OpenCode's run ends, the verifier passes.
+    model = vllm_infra.tiny_model("scaffolds")
+    folder, published = await taught_trial(tmp_path, scaffold_model, SCAFFOLD="oc", SANDBOX_MEMORY_MB=1024)
+    record = json.loads((folder / "trial.json").read_text())
+    assert record["termination_reason"] == "agent_completed" and record["reward"] == 1.0, record
+    assert published == ["agent_completed"]
+    events = [json.loads(line) for line in (folder / "logs" / "agent" / "oc.jsonl").read_text().splitlines()]
+    (used,) = [e["part"] for e in events if e["type"] == "tool_use"]
+    assert used["tool"] == "bash" and used["state"]["input"]["command"] == "echo done > answer.txt"
+    trajectory = json.loads((folder / "trajectory.json").read_text())
+    turns = [t for t in trajectory["turns"] if not t["side"]]
+    assert len(turns) == 2 and record["turns"] == 2
+    first = turns[0]["choices"][0]
+    (call,) = first["output"]["tool_calls"]
+    assert call["function"]["name"] == "bash"
+    assert json.loads(call["function"]["arguments"]) == {"command": "echo done > answer.txt"}
+    # The capture is vLLM's tokens: they decode to the call as the model wrote it, which the parser read.
+    from transformers import AutoTokenizer
+
+    written = AutoTokenizer.from_pretrained(model).decode(first["completion_token_ids"])
+    assert written.startswith("<tool_call>") and '"echo done > answer.txt"' in written
+    assert turns[0]["usage"]["prompt_tokens"] > 18_000  # OpenCode's whole prompt went to the model
+    # The task's words as the instruction file has them (OpenCode reads them from its standard input, unquoted).
+    instruction = (ROOT / "examples" / "tasks" / "write-done" / "instruction.md").read_text()
+    assert [m["content"] for m in turns[0]["messages"] if m["role"] == "user"] == [instruction]
+    assert turns[1]["choices"][0]["output"]["content"] and not turns[1]["choices"][0]["output"].get("tool_calls")
 
 
 @pytest.fixture(scope="session")
