@@ -29,7 +29,9 @@ def step(n: int, run_id: str = "r-1", event_id: str | None = None):  # type: ign
 async def consume_until(
     bus: Bus, spec: ConsumerSpec, handler: BatchHandler, condition: Callable[[], object], what: str
 ) -> Consumer | TeamConsumers:
-    """Run a consumer until ``condition`` holds (or fail the test naming ``what``), then stop it."""
+    """Run a consumer until ``condition`` holds (or fail the test naming ``what``), then stop and close it, as a
+    service does: a pull request of a stopped reader that is still open at the server would otherwise take the next
+    messages published, and they would come again only after the consumer's ack wait (30 s)."""
     consumer = await bus.consumer(spec)
     task = asyncio.create_task(consumer.run(handler, fetch_timeout_s=0.2))
     try:
@@ -37,6 +39,7 @@ async def consume_until(
     finally:
         consumer.stop()
         await task
+        await consumer.close()
     return consumer
 
 
@@ -127,6 +130,31 @@ async def test_consumer_delivers_in_order_and_resumes_where_it_left_off(bus: Bus
     await bus.publish_many([step(i) for i in range(20, 25)])
     await consume_until(bus, spec, handler, lambda: len(seen) == 25, "5 more deliveries")
     assert seen == list(range(25))
+
+
+async def test_a_closed_readers_open_pull_request_takes_nothing_from_the_next_reader(bus: Bus) -> None:
+    # A reader stopped while its pull request is still open at the server (the request outlives the client's wait
+    # on a loaded machine): once closed, the server drops the request, and the next reader gets the next message at
+    # once rather than after the consumer's ack wait (30 s).
+    spec = ConsumerSpec(durable="t-closed", stream=NLP_RUNS, filter_subjects=[event_filter("step.done")])
+    await bus.ensure_streams(teams=["nlp"])
+    first = await bus.consumer(spec)
+    assert isinstance(first, Consumer)
+    waiting = asyncio.create_task(first.sub.fetch(1, timeout=20))
+
+    async def request_open() -> bool:
+        return (await bus.js.consumer_info(NLP_RUNS, "t-closed")).num_waiting == 1
+
+    await async_wait_until(request_open, 15, "the first reader's pull request at the server")
+    waiting.cancel()
+    await first.close()
+    await bus.publish_many([step(0)])
+    seen: list[int] = []
+
+    async def handler(batch: list[Delivery]) -> None:
+        seen.extend(d.event.data.step for d in batch)  # type: ignore[attr-defined]
+
+    await consume_until(bus, spec, handler, lambda: seen == [0], "the event, to the next reader")
 
 
 async def test_a_consumer_that_vanished_is_made_again_from_where_it_had_got_to(bus: Bus) -> None:
