@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runctl.errors import RunctlError
 
@@ -305,6 +306,24 @@ class Bundle:
     def prompt(self) -> str:
         """What the agent sends before the task's own words (rendered when the bundle was built)."""
         return (self.path / PROMPT).read_text()
+
+    def first_request(self) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
+        """The first request with messages that a captured agent (Claude Code, OpenCode, the OpenHands SDK) sent when
+        the bundle was built: its system prompt (an Anthropic request carries it apart from the messages; "" when
+        it has none), its messages and its tools.
+
+        Raises:
+            BundleError: the bundle holds no captured request (mini-swe-agent's prompt is its rendered templates).
+        """
+        try:
+            system, messages, tools = (json.loads(line) for line in self.prompt().splitlines())
+        except (OSError, ValueError) as e:
+            raise BundleError(
+                f"the {self.name} bundle at {self.path} holds no captured first request ({PROMPT}: {e}): a "
+                "text-based agent's (mini-swe-agent's) is its rendered templates; rebuild a captured agent's with "
+                f"`runctl agents build {self.name}`."
+            ) from e
+        return system, messages, tools
 
     def record(self) -> dict[str, str]:
         """What a trial records of the bundle it ran."""
@@ -663,6 +682,7 @@ def _captured_prompt(argv: list[str], spec: Spec, work: Path, env: dict[str, str
     first = next((r for r in requests if r.get("messages")), None)
     if first is None:
         raise BundleError(f"{spec.package} sent no request with messages to the stand-in server within 120 s.")
+    # One JSON document a line, as Bundle.first_request reads them.
     parts = [json.dumps(first.get("system") or ""), json.dumps(first["messages"]), json.dumps(first.get("tools") or [])]
     return "\n".join(parts), peak_mb
 

@@ -362,7 +362,7 @@ def oc_request() -> tuple[dict[str, Any], list[dict[str, Any]], str]:
     from runctl import bundles
 
     bundle = bundles.load("oc")
-    _, messages, tools = (json.loads(line) for line in bundle.prompt().splitlines())
+    _, messages, tools = bundle.first_request()
     return messages[0], tools, bundle.sha256
 
 

@@ -40,15 +40,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from runs import ROOT, example_config, reexec_in_loopback_netns  # noqa: E402
 
+from runctl import tinymodel  # noqa: E402
+
 SCAFFOLDS = ("mswea", "oc", "ohsdk", "cc")
 #: The serving length each scaffold needs (its prompt as its bundle's build recorded it, with room to answer).
-CONTEXT = {"mswea": 4096, "oc": 32768, "ohsdk": 32768, "cc": 65536}
-LONG_POSITIONS = 65536
+CONTEXT = {"mswea": 4096, "oc": tinymodel.SCAFFOLD_CONTEXT, "ohsdk": tinymodel.SCAFFOLD_CONTEXT, "cc": 65536}
+LONG_POSITIONS = max(CONTEXT.values())
 SANDBOX_MEMORY_MB = 1024  # OpenCode alone needs about 520 MiB
 #: Two model calls are enough to end a trial (a cold prefill of Claude Code's prompt takes 70 s on two cores); OpenCode
 #: takes its tools away at its last step, so the model taught under it (a call, then an answer) is given four.
-AGENT_BUDGET = {"AGENT_MAX_ITERATIONS": 2, "AGENT_TIMEOUT_SEC": 400}
 TURNS = {"oc": 4}
+AGENT_TURNS, AGENT_TIMEOUT_SEC = 2, 400
 
 
 def long_copy(model: Path, folder: Path) -> Path:
@@ -62,10 +64,13 @@ def long_copy(model: Path, folder: Path) -> Path:
 
 
 def write_config(folder: Path, example: str, name: str, values: dict[str, object]) -> Path:
-    """The shipped example ``example`` with ``values`` set, as run ``name`` (its EXP_NAME) in ``folder/name``."""
+    """The shipped example ``example`` with ``values`` set (``SCAFFOLD`` among them), as run ``name`` (its EXP_NAME) in
+    ``folder/name``, with the scaffold's turn budget."""
     out = folder / name
     out.mkdir()
-    values = {"EXP_NAME": name, "SANDBOX_MEMORY_MB": SANDBOX_MEMORY_MB, **AGENT_BUDGET, **values}
+    budget = {"AGENT_MAX_ITERATIONS": TURNS.get(str(values["SCAFFOLD"]), AGENT_TURNS)}
+    budget["AGENT_TIMEOUT_SEC"] = AGENT_TIMEOUT_SEC
+    values = {"EXP_NAME": name, "SANDBOX_MEMORY_MB": SANDBOX_MEMORY_MB, **budget, **values}
     return example_config(example, out, {k: str(v) for k, v in values.items()})
 
 
@@ -107,9 +112,8 @@ def main() -> int:
         root = Path(tmp)
         long_model = long_copy(args.model.resolve(), root)
         for scaffold in args.scaffolds:
-            model = long_model if CONTEXT[scaffold] > LONG_POSITIONS // 2 else args.model.resolve()
+            model = long_model if CONTEXT[scaffold] > tinymodel.SCAFFOLD_CONTEXT else args.model.resolve()
             common = {"MODEL_PATH": model, "MAX_MODEL_LEN": CONTEXT[scaffold], "SCAFFOLD": scaffold}
-            common["AGENT_MAX_ITERATIONS"] = TURNS.get(scaffold, AGENT_BUDGET["AGENT_MAX_ITERATIONS"])
             infer = write_config(root, "infer-mswea.env", f"infer-{scaffold}", {
                 **common, "N_TRIALS": args.trials, "N_CONCURRENT": 2, "TRIAL_HARD_TIMEOUT_SEC": 600,
             })  # fmt: skip

@@ -4,6 +4,7 @@ tests/integration/test_scaffold_mswea.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,13 @@ def test_the_module_builds_on_the_standard_library_alone_before_runctls_environm
     assert unknown.returncode == 1 and "no agent 'oh' has a bundle" in unknown.stderr
     usage = subprocess.run(module, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert usage.returncode == 2 and "usage: python -m runctl.bundles NAME" in usage.stderr
+
+
+def test_a_captured_agents_first_request_is_read_back_and_a_text_prompt_is_refused_by_name(tmp_path: Path) -> None:
+    system, messages, tools = "", [{"role": "system", "content": "You are OpenCode."}], [{"type": "function"}]
+    lines = "\n".join(json.dumps(part) for part in (system, messages, tools))
+    fake_bundle(tmp_path / "captured", prompt=lines)
+    assert bundles.load("mswea", root=tmp_path / "captured").first_request() == (system, messages, tools)
+    fake_bundle(tmp_path / "text", prompt="Answer with one command.\nThen submit.\n")
+    with pytest.raises(BundleError, match=r"holds no captured first request .* rendered templates"):
+        bundles.load("mswea", root=tmp_path / "text").first_request()
