@@ -47,6 +47,9 @@ DEFAULT_TRACKER_PORT = 8750
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0
+# How often a child may be started again before the stack first answers: past it, ``runctl up`` stops waiting and
+# shows that child's log (a taken port, an unreachable database), rather than waiting out its whole timeout.
+UP_RESTARTS_MAX = 3
 STOP_GRACE_S = 15.0
 
 
@@ -425,6 +428,7 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
         state = read_stack_state(base)
         logins = stackbus.stack_logins(base) if state is not None and state.supervisor.pid == proc.pid else None
         if state is not None and logins is not None:
+            _refuse_crash_loop(base, state)
             admin_url = logins[ADMIN_USER].url(state.nats_url)
             health = asyncio.run(probe(admin_url, state.children, timeout_s=1.0))
             late = {n: h for n, h in health.items() if not (h.get("ok") and h.get("ready", True))}
@@ -436,6 +440,22 @@ def start(base: Path, nats_port: int, tracker_port: int, timeout_s: float = 60.0
     raise StackError(
         f"the stack did not come up within {timeout_s:.0f}s: still waiting for {waiting}. See the logs in "
         f"{base / 'logs'}; on a busy machine, give it longer with `runctl up --timeout SECONDS`."
+    )
+
+
+def _refuse_crash_loop(base: Path, state: StackState) -> None:
+    """Stop the stack and raise if a child was started again ``UP_RESTARTS_MAX`` times before it came up."""
+    looping = sorted(name for name, record in state.children.items() if record.restarts >= UP_RESTARTS_MAX)
+    if not looping:
+        return
+    name = looping[0]
+    log = base / "logs" / f"{name}.log"
+    tail = _tail(log)
+    stop(base)
+    raise StackError(
+        f"{name} exited {state.children[name].restarts} times before the stack came up, so `runctl up` stopped it. "
+        f"The end of its log ({log}):\n{tail}\nFix: mend what its log names (a port in use: pass a free one with "
+        "--nats-port/--tracker-port; a database or setting it cannot use: correct that setting), then `runctl up`."
     )
 
 

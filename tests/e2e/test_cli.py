@@ -234,6 +234,23 @@ def test_submit_watch_exits_1_when_the_run_fails(stack: Cli, tmp_path: Path) -> 
     assert "run.failed" in last and "in phase replicas" in last
 
 
+def test_up_gives_up_on_a_service_that_keeps_exiting_and_shows_its_log(cli: Cli) -> None:
+    """A tracker that cannot reach its database exits at every start: `up` stops the stack after its third exit and
+    prints the end of its log, in seconds, rather than waiting out its whole timeout (300 s here)."""
+    import time
+
+    from runctl.stack import UP_RESTARTS_MAX
+
+    began = time.monotonic()
+    result = cli("up", *port_args(), check=False, RUNCTL_DB_URL="postgresql+psycopg://u:p@127.0.0.1:1/none")
+    took = time.monotonic() - began
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"tracker exited {UP_RESTARTS_MAX} times before the stack came up" in result.stderr, result.stderr
+    assert "Connection refused" in result.stderr and "tracker.log" in result.stderr
+    assert took < 120, f"`runctl up` took {took:.0f}s to give up"
+    assert read_stack_state(cli.home) is None
+
+
 def test_when_the_supervisor_dies_down_still_stops_every_recorded_process(stack: Cli) -> None:
     state = read_stack_state(stack.home)
     assert state is not None
