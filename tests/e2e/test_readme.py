@@ -323,6 +323,9 @@ def test_the_infer_and_eval_block_runs_as_written(tmp_path: Path) -> None:
             assert name in out
     assert "kept" in outputs[0] and "all-fail" in outputs[0]
     assert_an_infer_run(runs[1], outputs[0], home)
+    # Under this HOME of their own the replicas used vLLM's cache where the suite keeps it (tests/conftest.py:
+    # keep_vllms_cache), or each would have inspected the model class again in a process of its own.
+    assert not (home / "user" / ".cache" / "vllm").exists()
 
     # The runs benchmark the README names, on this infer run (its figures are the same whether it ran the run itself
     # or reads one: `--run-dir`); 0: its overhead target met, 2: missed (the figures say by how much).
