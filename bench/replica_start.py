@@ -1,11 +1,13 @@
-"""How long a CPU replica of the tiny model takes to answer, as a run starts it, against vLLM's default process layout.
+"""How long a CPU replica of the tiny model takes to answer, as a run starts it, against vLLM's defaults.
 
 A run's replica on a machine without GPUs (``services/launcher/rollout/replicas.py``) runs its model in the engine
-core's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); vLLM's default starts a worker process of its own for it.
-This script starts the server with the command line and environment a run gives it, in both layouts, one after the
-other, ``--repeat`` times each, and for each prints the seconds until ``/health`` answers and a chat completion
-returns, the CPU seconds and the memory of its processes at that point; then the ratios (runctl's layout over
-vLLM's default). Target: a ratio of start time at most 0.8.
+core's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and compiles nothing (``TORCH_COMPILE_DISABLE=1``); vLLM's
+default starts a worker process of its own for it and, at the first request that asks for logprobs (every request
+of a run does), compiles its logprob op with torch's inductor. This script starts the server with the command line
+and environment a run gives it, and with vLLM's defaults, one after the other, ``--repeat`` times each, and for each
+prints the seconds until ``/health`` answers and a chat completion with logprobs returns, the CPU seconds and the
+memory of its processes at that point; then the ratios (runctl's layout over vLLM's default). Target: a ratio of
+start time at most 0.8.
 
     python bench/replica_start.py [--repeat 2] [--model .cache/tinymodel]
 """
@@ -29,11 +31,12 @@ sys.path.insert(0, str(ROOT))
 from runctl.config import load_config  # noqa: E402
 from runctl.home import stop_group  # noqa: E402
 from runctl.ports import free_port  # noqa: E402
+from runctl.sdk import bearer  # noqa: E402
 from services.launcher.rollout.groupwatch import command_env  # noqa: E402
 from services.launcher.rollout.replicas import vllm_argv, vllm_env, with_guard  # noqa: E402
 
 TARGET_RATIO = 0.8
-LAYOUTS = {"runctl": {}, "vllm-default": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+LAYOUTS = {"runctl": {}, "vllm-default": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "TORCH_COMPILE_DISABLE": "0"}}
 
 
 def group_usage(group: int) -> tuple[float, float]:
@@ -83,8 +86,10 @@ def start_once(model: Path, layout: dict[str, str]) -> tuple[float, float, float
                 if time.monotonic() - began > 600:
                     raise SystemExit("the server did not answer within 600 s")
                 time.sleep(0.2)
+            # As a run's proxy asks every request: with the sampled tokens' logprobs.
             body = {"model": config.served_model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).raise_for_status()
+            body["logprobs"] = True
+            httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(key), timeout=120).raise_for_status()
             ready = time.monotonic() - began
             cpu, rss = group_usage(proc.pid)
         finally:

@@ -25,6 +25,8 @@ def test_a_cpu_replica_runs_eager_in_float32_with_its_model_in_the_engine_proces
     env = vllm_env("127.0.0.1", cpu=True, key="k")
     # One process fewer per replica: the model runs in the engine core (bench/replica_start.py measures the gain).
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"]
+    # Nothing compiled at its first request (the logprob op vLLM compiles with inductor and a C++ compiler).
+    assert env["TORCH_COMPILE_DISABLE"] == "1"
     assert "VLLM_SERVER_DEV_MODE" not in env
     assert vllm_env("127.0.0.1", cpu=True, key="k", dev_mode=True)["VLLM_SERVER_DEV_MODE"]
 
@@ -32,6 +34,7 @@ def test_a_cpu_replica_runs_eager_in_float32_with_its_model_in_the_engine_proces
 def test_a_gpu_replica_keeps_vllms_own_process_layout() -> None:
     env = vllm_env("10.0.0.1", cpu=False, key="k")
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert "TORCH_COMPILE_DISABLE" not in env  # CUDA graphs and vLLM's compiled model are what a GPU replica is for
     assert env["VLLM_HOST_IP"] == "10.0.0.1"
 
 

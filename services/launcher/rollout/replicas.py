@@ -91,6 +91,12 @@ def vllm_env(host: str, cpu: bool, key: str, dev_mode: bool = False) -> dict[str
         # with a third less CPU time and 0.6 GB less memory; bench/replica_start.py), and no OpenMP thread binding
         # set up for that worker, which on one machine bound every replica's threads to the same cores.
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # No torch.compile: with --enforce-eager the model runs eager anyway, but vLLM compiles the small op that ranks
+        # each sampled token's logprob (every request through the proxy asks for logprobs) at the first such
+        # request, with torch's inductor and a C++ compiler, and rebuilds its precompiled header in the server's
+        # private TMPDIR each time: 12 s of CPU at every replica's first request (22 s on a machine that never
+        # compiled it), 0.1 s without, the same tokens and logprobs (bench/replica_start.py).
+        env["TORCH_COMPILE_DISABLE"] = "1"
     if dev_mode:
         env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
