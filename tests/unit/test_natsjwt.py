@@ -12,7 +12,7 @@ import pytest
 from runctl import natsjwt
 from runctl.callout import RUN_LOGINS, TEAMS, Grant, fingerprint, user_claims
 from runctl.errors import BusError
-from runctl.natsauth import NatsUser, run_permissions, server_config
+from runctl.natsauth import AUTH_TIMEOUT_S, NatsUser, run_permissions, server_config
 from runctl.natsjwt import ACCOUNT, NKey
 from runctl.settings import SettingsError
 from services.launcher.settings import LauncherSettings
@@ -75,7 +75,8 @@ def test_a_callout_configuration_names_only_fixed_users() -> None:
     assert blocks[1]["authorization"]["auth_callout"]["auth_users"] == ["runctl", "admin", "system"]
     assert blocks[1]["accounts"]["team-nlp"]["users"] == [] and blocks[1]["system_account"] == "SYS"
     plain = json.loads(server_config("h:1", "/js", users[0], users[1], users[3:]).split("\n", 1)[1])
-    assert "authorization" not in plain and plain["accounts"]["team-nlp"]["users"][0]["user"] == "nlp"
+    assert plain["authorization"] == {"timeout": AUTH_TIMEOUT_S} == {"timeout": blocks[0]["authorization"]["timeout"]}
+    assert plain["accounts"]["team-nlp"]["users"][0]["user"] == "nlp"
 
 
 def test_a_runs_user_jwt_carries_the_permissions_the_configuration_would() -> None:
