@@ -68,8 +68,8 @@ def write_config(folder: Path, example: str, name: str, values: dict[str, object
     ``folder/name``, with the scaffold's turn budget."""
     out = folder / name
     out.mkdir()
-    budget = {"AGENT_MAX_ITERATIONS": TURNS.get(str(values["SCAFFOLD"]), AGENT_TURNS)}
-    budget["AGENT_TIMEOUT_SEC"] = AGENT_TIMEOUT_SEC
+    turns = TURNS.get(str(values["SCAFFOLD"]), AGENT_TURNS)
+    budget = {"AGENT_MAX_ITERATIONS": turns, "AGENT_TIMEOUT_SEC": AGENT_TIMEOUT_SEC}
     values = {"EXP_NAME": name, "SANDBOX_MEMORY_MB": SANDBOX_MEMORY_MB, **budget, **values}
     return example_config(example, out, {k: str(v) for k, v in values.items()})
 
