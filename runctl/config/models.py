@@ -301,6 +301,9 @@ class RolloutSection(Section):
     """Drop trials whose sandbox failed to set up from the loss."""
     traj_filter_overlong: bool = True
     """Drop trials that ran past the context length from the loss."""
+    traj_filter_error: bool = False
+    """Drop trials whose agent ended on an error (its own message: a broken format, a crash) from the loss, whatever
+    the verifier gave them."""
     vllm_ready_timeout: int = Field(900, ge=1)
     """Seconds to wait for the vLLM server to become ready."""
 

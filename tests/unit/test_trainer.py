@@ -75,7 +75,7 @@ def test_the_plan_counts_whole_batches_per_epoch_unless_the_steps_are_given() ->
     assert plan(train_config(TRAIN_BSZ=4, TOTAL_TRAINING_STEPS=7), 10).total_steps == 7
 
 
-FILTERS = Filters(timeout=True, env_setup_failed=True, overlong=True, max_prompt=100, max_resp=50)
+FILTERS = Filters(timeout=True, env_setup_failed=True, overlong=True, max_prompt=100, max_resp=50, error=True)
 
 
 def seq(prompt: list[int], response: list[int], mask: list[int]) -> dict[str, Any]:
@@ -107,6 +107,7 @@ def test_a_sample_takes_the_sequence_with_the_most_model_tokens_and_counts_the_o
         ("agent_completed", 101, 3, "overlong"),
         ("agent_completed", 2, 51, "overlong"),
         ("max_turns", 2, 3, None),
+        ("error", 2, 3, "error"),
     ],
 )
 def test_filtered_trajectories_are_masked_out_and_bounded(
@@ -119,10 +120,19 @@ def test_filtered_trajectories_are_masked_out_and_bounded(
     assert (sum(s.mask) == 0) == (why is not None)
 
 
-def test_a_filter_turned_off_keeps_the_trajectory() -> None:
-    off = Filters(timeout=False, env_setup_failed=True, overlong=True, max_prompt=100, max_resp=50)
-    s = sample_of(record(reason="timeout"), {"sequences": [seq([1], [2], [1])]}, off, pad_id=0)
+@pytest.mark.parametrize("reason", ["timeout", "error"])
+def test_a_filter_turned_off_keeps_the_trajectory(reason: str) -> None:
+    off = Filters(timeout=False, env_setup_failed=True, overlong=True, max_prompt=100, max_resp=50, error=False)
+    s = sample_of(record(reason=reason), {"sequences": [seq([1], [2], [1])]}, off, pad_id=0)
     assert s.filtered is None and s.mask == [1]
+
+
+def test_an_error_ending_is_trained_unless_the_run_asks_otherwise() -> None:
+    """mini-swe-agent's trials that wrote the answer and then broke its format end ``error`` with reward 1; by
+    default they are trained (as the reference system does), and TRAJ_FILTER_ERROR=1 keeps them out."""
+    from services.launcher.trainer.loop import filters_of
+
+    assert not filters_of(train_config()).error and filters_of(train_config(TRAJ_FILTER_ERROR=1)).error
 
 
 def test_a_trial_without_a_model_call_is_a_masked_placeholder_with_its_score() -> None:

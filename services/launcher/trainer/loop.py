@@ -35,7 +35,7 @@ from services.launcher.context import RunContext
 from services.launcher.errors import EngineError
 from services.launcher.rollout.trials import TrialLoop
 from services.launcher.trainer import checkpoints, grpo
-from services.launcher.trainer.samples import Filters, Sample, balance_filtered, sample_of
+from services.launcher.trainer.samples import FILTER_REASONS, Filters, Sample, balance_filtered, sample_of
 from services.launcher.trainer.settings import Plan, kl_coef, plan
 from services.launcher.weights.base import WeightSync
 
@@ -52,6 +52,7 @@ def filters_of(config: TrainConfig) -> Filters:
         timeout=config.traj_filter_timeout,
         env_setup_failed=config.traj_filter_env_setup_failed,
         overlong=config.traj_filter_overlong,
+        error=config.traj_filter_error,
         max_prompt=config.max_prompt,
         max_resp=config.max_resp,
     )
@@ -73,7 +74,7 @@ def step_metrics(
         "response_length/min": float(min(lengths)),
         "traj/extra_sequences": float(sum(s.extra_sequences for s in samples)),
     }
-    for reason in ("timeout", "env_setup_failed", "overlong"):
+    for reason in FILTER_REASONS:
         metrics[f"traj_filter/{reason}"] = float(sum(1 for s in samples if s.filtered == reason))
     renamed = {
         "loss": "actor/pg_loss",

@@ -3,7 +3,8 @@ between them, their logprobs and loss mask) and the verifier's reward.
 
 A trial's trajectory can hold more than one sequence (an agent that rewrote its context starts a new one); the
 update takes the one with the most model tokens, and the others are counted (``traj/extra_sequences``), not
-trained. Trajectories the ``TRAJ_FILTER_*`` keys drop (timed out, sandbox set-up failed, overlong) stay in the batch
+trained. Trajectories the ``TRAJ_FILTER_*`` keys drop (timed out, sandbox set-up failed, overlong, ended on the
+agent's error) stay in the batch
 with a zero loss mask, so GRPO's groups keep ``N_RESP`` members, and with their group's mean reward, so they move
 no other member's advantage; they are counted (``traj_filter/<reason>``).
 """
@@ -14,7 +15,9 @@ from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any, Literal
 
-FilterReason = Literal["timeout", "env_setup_failed", "overlong"]
+FilterReason = Literal["timeout", "env_setup_failed", "overlong", "error"]
+#: Every reason, in the order a trial is checked for them.
+FILTER_REASONS: tuple[FilterReason, ...] = ("timeout", "env_setup_failed", "overlong", "error")
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Filters:
     overlong: bool
     max_prompt: int
     max_resp: int
+    error: bool = False
 
 
 @dataclass
@@ -63,6 +67,8 @@ def filter_reason(record: dict[str, Any], prompt_len: int, response_len: int, f:
         return "env_setup_failed"
     if f.overlong and (reason == "overlong" or prompt_len > f.max_prompt or response_len > f.max_resp):
         return "overlong"
+    if f.error and reason == "error":
+        return "error"
     return None
 
 

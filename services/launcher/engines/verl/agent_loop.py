@@ -12,8 +12,8 @@ reward stage is not asked again). The trial is also handed to the runner, which 
 The proxy sits in front of verl's own vLLM servers (the ``vllm_server_*`` Ray actors), not of verl's token-level
 ``server_manager``: the agents speak the OpenAI (or Anthropic) API, which is what the servers serve too.
 
-Trajectories the ``TRAJ_FILTER_*`` keys drop (timed out, sandbox set-up failed, overlong) keep their reward but get a
-zero loss mask: they train nothing.
+Trajectories the ``TRAJ_FILTER_*`` keys drop (timed out, sandbox set-up failed, overlong, ended on the agent's
+error) keep their reward but get a zero loss mask: they train nothing.
 """
 
 from __future__ import annotations
