@@ -228,7 +228,8 @@ class TrainDataSection(Section):
     train_mini_bsz: int = Field(64, ge=1)
     """PPO mini-batch size in tasks; TRAIN_BSZ must be a multiple of it."""
     train_micro_bsz_per_gpu: int = Field(1, ge=1)
-    """Micro-batch per GPU for the forward/backward pass (ignored with USE_DYNAMIC_BSZ)."""
+    """Micro-batch per GPU for the forward/backward pass (verl ignores it with USE_DYNAMIC_BSZ); ENGINE=local takes a
+    step's whole batch in one pass unless it is set."""
     n_resp: int = Field(8, ge=1)
     """Trials (responses) per task in a step; GRPO needs at least 2."""
     use_dynamic_bsz: bool = False

@@ -191,8 +191,7 @@ LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
         "NNODES=1, or ENGINE=verl for a multi-node run",
     ),
     NotBuilt(
-        "MODEL_ENGINE, SP_SIZE, EP_SIZE, N_NODES_TRAIN, N_NODES_ROLLOUT, TRAIN_MICRO_BSZ_PER_GPU, USE_DYNAMIC_BSZ, "
-        "ENABLE_R3, VEOMNI_*",
+        "MODEL_ENGINE, SP_SIZE, EP_SIZE, N_NODES_TRAIN, N_NODES_ROLLOUT, USE_DYNAMIC_BSZ, ENABLE_R3, VEOMNI_*",
         lambda c: (
             _local_train(c)
             and _set(
@@ -202,7 +201,6 @@ LOCAL_TRAINER_REFUSES: tuple[NotBuilt, ...] = (
                 "ep_size",
                 "n_nodes_train",
                 "n_nodes_rollout",
-                "train_micro_bsz_per_gpu",
                 "use_dynamic_bsz",
                 "enable_r3",
                 "veomni_fused_kernels",

@@ -40,8 +40,11 @@ class RunnerDied(Exception):
 class StandInTrials:
     """What a step's TrialLoop gives the train loop: trial folders with a record and a captured sequence."""
 
-    def __init__(self, tasks: list[Task], first: int, trials_dir: Path, n: int, ctx: RunContext) -> None:
+    def __init__(
+        self, tasks: list[Task], first: int, trials_dir: Path, n: int, ctx: RunContext, tails: bool = False
+    ) -> None:
         self.tasks, self.first, self.trials_dir, self.n, self.ctx = tasks, first, trials_dir, n, ctx
+        self.tails = tails  # answers of 2 to 4 tokens, so that each micro-batch holds its own count of tokens
         self.records: list[dict[str, Any]] = []
 
     async def recover(self) -> list[tuple[Task, int]]:
@@ -59,9 +62,9 @@ class StandInTrials:
         for task, k in todo:
             folder = trial_folder(self.trials_dir, task.id, k)
             folder.mkdir(parents=True, exist_ok=True)
-            answer = [11 + k % 3, 12]
-            sequence = {"prompt_token_ids": [1, 2, 3], "response_token_ids": answer, "response_mask": [1, 1],
-                        "response_logprobs": [-0.7, -0.7]}  # fmt: skip
+            answer = [11 + k % 3, 12] + [14] * ((k + int(task.id[1:])) % 3 if self.tails else 0)
+            sequence = {"prompt_token_ids": [1, 2, 3], "response_token_ids": answer,
+                        "response_mask": [1] * len(answer), "response_logprobs": [-0.7] * len(answer)}  # fmt: skip
             (folder / TRAJECTORY).write_text(json.dumps({"sequences": [sequence]}))
             record = {"task": task.id, "trial": k, "reward": float(k % 3 == 0), "termination_reason": "agent_completed",
                       "durations_s": {"wall": 0.1}, "tokens": {}}  # fmt: skip
@@ -80,7 +83,9 @@ def config(tmp_path: Path, **values: Any) -> TrainConfig:
     return made
 
 
-def run_loop(cfg: TrainConfig, run_dir: Path, published: list[tuple[str, Payload]], stop_after: int = 0) -> Any:
+def run_loop(
+    cfg: TrainConfig, run_dir: Path, published: list[tuple[str, Payload]], stop_after: int = 0, tails: bool = False
+) -> Any:
     tasks = [Task(run_dir, None, f"t{i}") for i in range(3)]  # type: ignore[arg-type]
     progress: dict[str, Any] = {}
 
@@ -99,7 +104,7 @@ def run_loop(cfg: TrainConfig, run_dir: Path, published: list[tuple[str, Payload
     sync = FakeSync()
 
     def trials(step_tasks: list[Task], first: int) -> Any:
-        return StandInTrials(step_tasks, first, run_dir / "trials", cfg.n_resp, ctx)
+        return StandInTrials(step_tasks, first, run_dir / "trials", cfg.n_resp, ctx, tails)
 
     loop = TrainLoop(ctx, cfg, tasks, trials, sync, nothing_pinned, pad_id=0)
     return asyncio.run(loop.run()), sync
@@ -176,3 +181,27 @@ def test_the_update_moves_the_policy_towards_the_rewarded_answer(tmp_path: Path)
 
     trained = checkpoints.published_folder(run_dir, 4) / checkpoints.HF
     assert margin(trained) > margin(vllm_infra.tiny_model()) + 0.5
+
+
+@pytest.mark.timeout(600)
+def test_micro_batches_make_the_update_the_whole_batch_makes(tmp_path: Path) -> None:
+    """TRAIN_MICRO_BSZ_PER_GPU=2 splits a step's 6 samples (answers of 2 to 4 tokens, so each pass holds its own
+    count of tokens) into 3 passes whose gradients add up to the one optimizer step: the gradient's norm and the
+    weights it leads to are those of the whole batch in one pass, KL term included. One optimizer step per
+    micro-batch, or a loss normalised over each pass's own tokens, would each move them."""
+    import torch
+    from safetensors.torch import load_file
+
+    moved: dict[str, tuple[float, dict[str, torch.Tensor]]] = {}
+    for name, extra in (("whole", {}), ("micro", {"TRAIN_MICRO_BSZ_PER_GPU": 2})):
+        published: list[tuple[str, Payload]] = []
+        run_loop(config(tmp_path, TOTAL_TRAINING_STEPS=1, SAVE_FREQ=1, **extra), tmp_path / name, published, tails=True)
+        (done,) = [p for _, p in published if isinstance(p, StepDone)]
+        weights = load_file(checkpoints.published_folder(tmp_path / name, 1) / checkpoints.HF / "model.safetensors")
+        moved[name] = (done.metrics["actor/grad_norm"], weights)
+    base = load_file(vllm_infra.tiny_model() / "model.safetensors")
+    (whole_norm, whole), (micro_norm, micro) = moved["whole"], moved["micro"]
+    assert micro_norm == pytest.approx(whole_norm, rel=1e-4), (micro_norm, whole_norm)
+    step = torch.cat([(whole[k] - base[k]).flatten() for k in base])
+    apart = torch.cat([(micro[k] - whole[k]).flatten() for k in base])
+    assert float(step.norm()) > 0 and float(apart.norm()) < 0.01 * float(step.norm()), (apart.norm(), step.norm())

@@ -85,6 +85,7 @@ HONOURED: dict[str, tuple[str, ...]] = {
 HONOURED_TRAIN: dict[str, tuple[str, ...]] = {
     "TRAIN_FILES": ("services/launcher/engines/local.py",),
     "TRAIN_BSZ": ("services/launcher/trainer/settings.py",),
+    "TRAIN_MICRO_BSZ_PER_GPU": ("services/launcher/trainer/settings.py",),
     "N_RESP": ("services/launcher/trainer/settings.py", "services/launcher/engines/local.py"),
     "MAX_PROMPT": ("services/launcher/trainer/loop.py",),
     "MAX_RESP": ("services/launcher/trainer/loop.py", "services/launcher/trainer/settings.py"),
@@ -125,7 +126,6 @@ REFUSED_TRAIN: dict[str, tuple[str, str]] = {
     "SP_SIZE": ("1", "these keys shape verl's distributed trainer"),
     "EP_SIZE": ("1", "these keys shape verl's distributed trainer"),
     "TRAIN_MINI_BSZ": ("32", "one update per step on the whole batch"),
-    "TRAIN_MICRO_BSZ_PER_GPU": ("2", "these keys shape verl's distributed trainer"),
     "USE_DYNAMIC_BSZ": ("1", "these keys shape verl's distributed trainer"),
     "TEST_FREQ": ("5", "validates through eval runs of its checkpoints"),
     "VAL_BEFORE_TRAIN": ("0", "validates through eval runs of its checkpoints"),

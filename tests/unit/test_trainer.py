@@ -42,6 +42,12 @@ def test_one_optimizer_step_per_step_on_all_its_trials() -> None:
     assert kwargs["learning_rate"] == 1e-4 and kwargs["use_cpu"] is True and kwargs["save_steps"] == 1
 
 
+def test_micro_batches_accumulate_into_the_one_step_from_one_rollout() -> None:
+    kwargs = grpo_kwargs(train_config(TRAIN_BSZ=3, N_RESP=4, TRAIN_MICRO_BSZ_PER_GPU=2), "/out", 8)
+    assert kwargs["per_device_train_batch_size"] == 2 and kwargs["num_generations"] == 4
+    assert kwargs["gradient_accumulation_steps"] == kwargs["steps_per_generation"] == 6
+
+
 @pytest.mark.parametrize(
     ("values", "level", "clip", "beta"),
     [

@@ -1,7 +1,10 @@
 """A train config mapped onto TRL's ``GRPOConfig`` (pure: no TRL import, so the validator and the tests can ask).
 
 One optimizer step per runctl step: a step takes ``TRAIN_BSZ`` tasks, runs ``N_RESP`` trials of each, and updates
-on all of them at once (``per_device_train_batch_size = TRAIN_BSZ × N_RESP``, ``num_generations = N_RESP``).
+on all of them (``num_generations = N_RESP``): in one forward and backward pass, or, with
+``TRAIN_MICRO_BSZ_PER_GPU`` set, in micro-batches of that many samples whose gradients are accumulated
+(``per_device_train_batch_size`` = the micro-batch, ``gradient_accumulation_steps = steps_per_generation`` = their
+number, so TRL takes the step's whole batch from one rollout and normalises the loss over all of its tokens).
 """
 
 from __future__ import annotations
@@ -27,13 +30,24 @@ class StepShape:
     tasks: int
     responses: int
 
+    micro: int
+    """Samples in one forward and backward pass."""
+
     @property
     def samples(self) -> int:
         return self.tasks * self.responses
 
+    @property
+    def passes(self) -> int:
+        return self.samples // self.micro
+
 
 def step_shape(config: TrainConfig) -> StepShape:
-    return StepShape(config.train_bsz, config.n_resp)
+    """The step's shape: the whole batch in one pass unless TRAIN_MICRO_BSZ_PER_GPU is set (the validator holds
+    that it divides TRAIN_BSZ × N_RESP)."""
+    samples = config.train_bsz * config.n_resp
+    micro = config.train_micro_bsz_per_gpu if "train_micro_bsz_per_gpu" in config.model_fields_set else samples
+    return StepShape(config.train_bsz, config.n_resp, micro)
 
 
 def clip_range(config: TrainConfig) -> tuple[float, float]:
@@ -95,10 +109,10 @@ def grpo_kwargs(config: TrainConfig, output_dir: str, num_tasks: int, seed: int 
         "learning_rate": config.actor_lr,
         "lr_scheduler_type": SCHEDULERS[config.lr_scheduler],
         "warmup_steps": config.lr_warmup_steps,
-        "per_device_train_batch_size": shape.samples,
-        "gradient_accumulation_steps": 1,
+        "per_device_train_batch_size": shape.micro,
+        "gradient_accumulation_steps": shape.passes,
         "num_generations": shape.responses,
-        "steps_per_generation": 1,
+        "steps_per_generation": shape.passes,
         "num_iterations": 1,
         "beta": kl_coef(config),
         "epsilon": low,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runctl.config import TrainConfig
 from services.validator.checks.common import rollout_gpus, step_tasks, train_config, train_nodes, train_world
 from services.validator.registry import Context, Verdict, check, fatal, ok, skip
 from services.validator.rules import GROUP_ESTIMATORS
@@ -140,6 +141,8 @@ def trials_divide_gpus(ctx: Context) -> Verdict:
 def micro_divides_mini(ctx: Context) -> Verdict:
     c = train_config(ctx)
     world = train_world(c)
+    if c.engine == "local":
+        return _local_micro(c)
     if c.use_dynamic_bsz:
         return skip("USE_DYNAMIC_BSZ=1 packs micro-batches by tokens")
     if world == 0:
@@ -152,3 +155,18 @@ def micro_divides_mini(ctx: Context) -> Verdict:
             "change TRAIN_MINI_BSZ or TRAIN_MICRO_BSZ_PER_GPU, or set USE_DYNAMIC_BSZ=1.",
         )
     return ok(f"{per_gpu:g} samples per GPU per mini-batch in micro-batches of {c.train_micro_bsz_per_gpu}")
+
+
+def _local_micro(c: TrainConfig) -> Verdict:
+    """ENGINE=local: one process updates on the step's TRAIN_BSZ × N_RESP samples, in micro-batches when asked."""
+    samples = c.train_bsz * c.n_resp
+    if "train_micro_bsz_per_gpu" not in c.model_fields_set:
+        return skip(f"ENGINE=local updates on the step's {samples} samples in one pass (TRAIN_MICRO_BSZ_PER_GPU unset)")
+    micro = c.train_micro_bsz_per_gpu
+    if samples % micro:
+        fits = [m for m in range(1, samples + 1) if samples % m == 0]
+        return fatal(
+            f"a step gives {samples} samples (TRAIN_BSZ × N_RESP), not a multiple of TRAIN_MICRO_BSZ_PER_GPU={micro}.",
+            f"set TRAIN_MICRO_BSZ_PER_GPU to one of {', '.join(map(str, fits))}, or change TRAIN_BSZ or N_RESP.",
+        )
+    return ok(f"{samples} samples a step in {samples // micro} micro-batches of {micro}, gradients accumulated")
