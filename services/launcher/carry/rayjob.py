@@ -114,11 +114,15 @@ class RayJobs:
 
     def _start_head(self) -> LocalHead:
         temp = tempfile.mkdtemp(prefix="rj-", dir="/tmp")  # short: Ray's socket paths have a length limit
-        port, dashboard = free_ports(2)
+        port, dashboard, client, agent = free_ports(4)
         ray = str(Path(sys.executable).parent / "ray")
         argv = [ray, "start", "--head", "--block", "--disable-usage-stats", f"--port={port}", f"--temp-dir={temp}"]
         argv += ["--node-ip-address=127.0.0.1", "--include-dashboard=true", "--dashboard-host=127.0.0.1"]
         argv += [f"--dashboard-port={dashboard}"]
+        # Ray's listeners with a fixed default port (the dashboard agent's 52365, which the Jobs API hands each job
+        # to, and the client server's 10001): another Ray on the machine (a foreground run's own cluster) holds them,
+        # and the jobs server then hands the runner to that Ray's agent or to none.
+        argv += [f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}"]
         log_dir = home() / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         token, auth_env = head_auth()
@@ -167,8 +171,13 @@ class RayJobs:
                 metadata={"runctl_run": run_id, "runctl_team": team},
             )
         except Exception as e:  # the SDK raises RuntimeError with the server's answer
+            where = f"the local head's log, {home() / 'logs' / 'ray-head.log'}" if self.head else "its head's logs"
             raise LauncherError(
-                f"the Ray jobs server at {self.url} refused the runner of {run_id}: {e}", run_id=run_id, team=team
+                f"the Ray jobs server at {self.url} refused the runner of {run_id}: {e}. Fix: resubmit the run once "
+                f"the jobs server's dashboard agent answers (see {where}; the agent's own log, dashboard_agent.log, "
+                "is in the head's session folder).",
+                run_id=run_id,
+                team=team,
             ) from e
         return submission_id
 
