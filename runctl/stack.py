@@ -493,6 +493,8 @@ def stop(base: Path, timeout_s: float = 40.0) -> list[str]:
         if is_same_process(group.record):
             stop_group(group.pid)
             stopped.append(f"{group.name} (process group {group.pid})")
+        if group.extra.get("temp_dir"):  # a Ray head's session folder, which its launcher would have removed
+            shutil.rmtree(group.extra["temp_dir"], ignore_errors=True)
         disown_group(group.name, base)
     (base / STATE_FILE).unlink(missing_ok=True)
     return stopped

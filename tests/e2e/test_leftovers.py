@@ -65,6 +65,7 @@ def test_down_stops_the_ray_head_of_a_killed_launcher_whoever_is_left_to_stop_it
     (tmp_path / "again").mkdir()
     submitted(stack, oracle_eval(tmp_path / "again", 8))
     head = ray_head(stack)
+    temp = Path(json.loads((stack.home / "owned" / "ray-head.json").read_text())["extra"]["temp_dir"])
     state = read_stack_state(stack.home)
     assert state is not None
     os.kill(state.supervisor.pid, signal.SIGKILL)
@@ -73,4 +74,5 @@ def test_down_stops_the_ray_head_of_a_killed_launcher_whoever_is_left_to_stop_it
     result = stack("down")
     assert f"ray-head (process group {head})" in result.stdout
     assert group_members(head) == [], "the Ray head outlived runctl down"
+    assert not temp.exists(), f"runctl down left the Ray head's session folder {temp}"
     assert not any(is_same_process(r) for r in state.children.values())
