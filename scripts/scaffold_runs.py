@@ -12,16 +12,16 @@ mini-swe-agent, OpenCode and the OpenHands SDK run on the tiny model's scaffolds
 32,768 positions, taught under mini-swe-agent and OpenCode), served with the context each needs; Claude Code's first
 prompt (49,000 tokens) does not fit it, so cc runs on a copy whose configuration claims 65,536 positions (those past
 32,768 untaught): its calls are real and its trials end cleanly, solving nothing. The train runs of the tool
-scaffolds update on sequences of their prompts' length: OpenCode's and the SDK's (19,000 and 21,000 tokens, two a
-step) take about a minute a step and 6 GiB; Claude Code's two of 49,000 tokens took more than the 22 GiB this machine
-could give the update (the CPU trainer takes a step's batch in one pass), so ``cc`` is left out of ``--train`` by
-default and its eval run scores the model it started from.
+scaffolds update on sequences of their prompts' length (OpenCode's and the SDK's 19,000 and 21,000 tokens, Claude
+Code's 49,000), in micro-batches of one sample (TRAIN_MICRO_BSZ_PER_GPU=1): in one pass Claude Code's two took more
+than the 22 GiB this machine could give the update; in two, its train run took 7 minutes an update and at most 16 GiB
+of the machine's memory in all (18 minutes for two steps).
 
-    python scripts/scaffold_runs.py [--scaffolds mswea oc ohsdk cc] [--train mswea oc ohsdk] [--trials 2] [--steps 2]
+    python scripts/scaffold_runs.py [--scaffolds mswea oc ohsdk cc] [--train mswea oc ohsdk cc] [--trials 2] [--steps 2]
 
 The configs are the shipped examples (``infer-mswea.env``, ``train-mswea.env``, ``eval-cpu.env``) with the values
 above set. As root, the script re-executes itself in a network namespace of its own with only loopback up (Ray binds
-the machine's address whatever it is told). About 22 minutes for all four on two cores.
+the machine's address whatever it is told). About 40 minutes for all four on two cores.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def row(scaffold: str, kind: str, folder: Path, wall: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scaffolds", nargs="+", choices=SCAFFOLDS, default=list(SCAFFOLDS))
-    parser.add_argument("--train", nargs="*", choices=SCAFFOLDS, default=["mswea", "oc", "ohsdk"])
+    parser.add_argument("--train", nargs="*", choices=SCAFFOLDS, default=list(SCAFFOLDS))
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--model", type=Path, default=ROOT / ".cache" / "tinymodel-scaffolds")
@@ -125,7 +125,7 @@ def main() -> int:
                     **common, "TRAIN_FILES": ROOT / "examples" / "tasks" / "write-done", "N_RESP": 2,
                     "AGENT_NUM_WORKERS": 2, "MAX_PROMPT": CONTEXT[scaffold] - 1024, "MAX_RESP": 1024,
                     "TOTAL_TRAINING_STEPS": args.steps, "SAVE_FREQ": args.steps, "LR_WARMUP_STEPS": 0,
-                    "EVAL_ON_CHECKPOINT": 0,
+                    "EVAL_ON_CHECKPOINT": 0, "TRAIN_MICRO_BSZ_PER_GPU": 1,
                 })  # fmt: skip
                 folder, wall = run(train, root / "home")
                 rows.append(row(scaffold, "train", folder, wall))
