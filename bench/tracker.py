@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
 import socket
 import statistics
 import subprocess
@@ -330,6 +331,7 @@ def main() -> None:
     from contextlib import ExitStack
 
     with ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, True)  # last, once every process using it has stopped
         stack.callback(procs.stop_all)
         port = free_port()
         procs.start([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(work / "js")])

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -451,10 +452,17 @@ def test_the_sandbox_benchmark_runs_and_prints_its_figures(docker_host: str) -> 
 )
 def test_the_benchmarks_the_readme_names_run_and_print_their_figures(argv: list[str]) -> None:
     assert f"python {argv[0]}" in README
-    result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "== summary" in result.stdout
-    assert "target" in result.stdout
+    temp = Path(tempfile.mkdtemp(prefix="rb-", dir="/tmp"))  # short: sockets are made under it
+    temp.chmod(0o1777)  # as /tmp: PostgreSQL's own user makes its data folder in it
+    try:
+        env = {**os.environ, "TMPDIR": str(temp)}
+        result = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "== summary" in result.stdout
+        assert "target" in result.stdout
+        assert not any(temp.iterdir()), f"{argv[0]} left temporary files: {sorted(p.name for p in temp.iterdir())}"
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.vllm
