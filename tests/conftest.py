@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     share_the_cores(int(getattr(config, "workerinput", {}).get("workercount", 1)) - light_workers())
     keep_vllms_cache()
+    timings.register_worker(config)
     if not hasattr(config, "workerinput"):
         _OPENED_RUN = shared.open_run()
         if _OPENED_RUN:  # not a pytest run started by a test (the README's test command is one)
