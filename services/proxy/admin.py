@@ -20,7 +20,9 @@ UNAUTHORIZED = openai_error(
     "authentication_error",
 )
 BAD_SESSION_BODY = openai_error(
-    400, 'body must be a JSON object, optionally {"metadata": {...}}', "invalid_request_error"
+    400,
+    'body must be a JSON object, optionally {"metadata": {...}, "max_turns": N} (N a whole number from 1)',
+    "invalid_request_error",
 )
 
 
@@ -59,10 +61,16 @@ class AdminApi:
                 body = orjson.loads(req.body) if req.body.strip() else {}
             except orjson.JSONDecodeError:
                 body = None
-            if not isinstance(body, dict) or not isinstance(body.get("metadata", {}), dict):
+            max_turns = body.get("max_turns") if isinstance(body, dict) else None
+            if (
+                not isinstance(body, dict)
+                or not isinstance(body.get("metadata", {}), dict)
+                or not (max_turns is None or (type(max_turns) is int and max_turns >= 1))
+            ):
                 resp.send(400, BAD_SESSION_BODY)
                 return
-            resp.send(201, orjson.dumps(self.sessions.open(body.get("metadata"), self.url()).as_dict()))
+            opened = self.sessions.open(body.get("metadata"), self.url(), max_turns)
+            resp.send(201, orjson.dumps(opened.as_dict()))
         elif parts == ["sessions"] and method == "GET":
             resp.send(200, orjson.dumps({"sessions": self.sessions.listing()}))
         elif len(parts) == 3 and parts[0] == "sessions" and parts[2] == "trajectory" and method == "GET":

@@ -28,6 +28,15 @@ PAUSED = (
 )
 
 
+def over_budget(session: Session) -> str:
+    """What a call past the session's turns is told (the agent shows it as its error)."""
+    return (
+        f"this trial's turns are spent: the model answered {session.max_turns}, all that the run allows each trial "
+        "(AGENT_MAX_ITERATIONS); the proxy answers no more of this session's turns. Fix: raise AGENT_MAX_ITERATIONS "
+        "to give each trial more turns"
+    )
+
+
 def _body(req: Request) -> dict[str, Any]:
     try:
         body = orjson.loads(req.body)
@@ -47,11 +56,18 @@ class Lifecycle:
     async def serve(self, surface: Surface, session: Session, req: Request, resp: Responder) -> None:
         started, t0 = time.time(), time.perf_counter()
         code = 200
+        admitted = recorded = False
         session.idle.enter()
         resp.cancel_when_gone()
         try:
             body = _body(req)
             call = surface.call(body, self.models, self.upstream.learned_model())
+            if not self.models.is_side(body.get("model")):
+                if not session.admit_turn():
+                    code = 400
+                    resp.send(code, surface.error(code, over_budget(session), "invalid_request_error"))
+                    return
+                admitted = True
             payload = orjson.dumps(call.upstream)
             if not body.get("stream"):
                 replica, code, data, obj = await self.upstream.whole(session, surface.path, payload)
@@ -62,6 +78,7 @@ class Lifecycle:
                 answer, groups = call.answer(obj)
                 resp.send(200, answer)
                 self._record(session, surface.name, body, groups, replica, started, None, obj.get("usage"))
+                recorded = True
                 return
             replica, upstream = await self.upstream.send(session, surface.path, payload)
             try:
@@ -77,6 +94,7 @@ class Lifecycle:
                 self._record(
                     session, surface.name, body, groups, replica, started, capture.first_token_at, capture.usage
                 )
+                recorded = True
             finally:
                 replica.in_flight -= 1
         except ProxyError as e:
@@ -88,6 +106,8 @@ class Lifecycle:
             code = CLIENT_GONE
             raise
         finally:
+            if admitted and not recorded:  # a call that failed is not one of the session's turns
+                session.give_back_turn()
             session.idle.leave()
             self.metrics.requests.inc(surface.name, str(code))
             self.metrics.latency.observe(time.perf_counter() - t0, surface.name)

@@ -150,8 +150,9 @@ class ProxyServer:
         self.pool.remove(f"{host}:{port}")
         self.pool.add(new_url)
 
-    def open_session(self, metadata: dict[str, Any] | None = None) -> SessionInfo:
-        return self.sessions.open(metadata, self.url)
+    def open_session(self, metadata: dict[str, Any] | None = None, max_turns: int | None = None) -> SessionInfo:
+        """See :meth:`Sessions.open <services.proxy.sessions.Sessions.open>`."""
+        return self.sessions.open(metadata, self.url, max_turns)
 
     def trajectory(self, session_id: str) -> dict[str, Any] | None:
         return self.sessions.trajectory(session_id)

@@ -43,9 +43,10 @@ class Sessions:
         self.by_id: dict[str, Session] = {}
         self.closed: OrderedDict[str, dict[str, Any] | Path] = OrderedDict()
 
-    def open(self, metadata: dict[str, Any] | None, url: str) -> SessionInfo:
-        """A new session; ``url`` is the proxy's, which its endpoints live under."""
-        session = Session(metadata)
+    def open(self, metadata: dict[str, Any] | None, url: str, max_turns: int | None = None) -> SessionInfo:
+        """A new session; ``url`` is the proxy's, which its endpoints live under; ``max_turns``: the policy turns it
+        answers (the trial's AGENT_MAX_ITERATIONS), after which it refuses the policy's calls."""
+        session = Session(metadata, max_turns)
         self.by_token[session.token] = session
         self.by_id[session.id] = session
         self.opened.inc()
@@ -86,6 +87,7 @@ class Sessions:
             {
                 "id": s.id,
                 "turns": len(s.turns),
+                "max_turns": s.max_turns,
                 "created_at": s.created_at,
                 "replica": s.replica,
                 "metadata": s.metadata,

@@ -284,7 +284,7 @@ def prompt_request(trajectory: dict[str, Any], index: int) -> dict[str, Any]:
 class Session:
     """One trial's view of the proxy: its secret token, its sticky replica and its turns."""
 
-    def __init__(self, metadata: dict[str, Any] | None = None) -> None:
+    def __init__(self, metadata: dict[str, Any] | None = None, max_turns: int | None = None) -> None:
         self.id = "s-" + secrets.token_hex(8)
         self.token = secrets.token_urlsafe(TOKEN_BYTES)
         self.metadata = metadata or {}
@@ -294,6 +294,24 @@ class Session:
         self.replica: str | None = None
         self.errors = 0
         self.idle = _Idle()
+        self.max_turns = max_turns
+        """The policy turns the session answers (None: no limit); side calls are not counted."""
+        self.policy_turns = 0
+        """Policy calls admitted: answered, or on their way."""
+        self.refused = 0
+        """Policy calls refused because :attr:`max_turns` were spent."""
+
+    def admit_turn(self) -> bool:
+        """Count one more policy call, unless the session's turns are spent (then count a refusal): whether the call
+        may go on. Calls that fail give their turn back (:meth:`give_back_turn`)."""
+        if self.max_turns is not None and self.policy_turns >= self.max_turns:
+            self.refused += 1
+            return False
+        self.policy_turns += 1
+        return True
+
+    def give_back_turn(self) -> None:
+        self.policy_turns -= 1
 
     @property
     def turns(self) -> list[Turn]:
@@ -309,6 +327,8 @@ class Session:
             "created_at": self.created_at,
             "closed_at": self.closed_at,
             "errors": self.errors,
+            "max_turns": self.max_turns,
+            "refused_over_budget": self.refused,
             "turns": [t.as_dict() for t in self.turns],
             "sequences": [s.as_dict() for s in self.recorder.sequences],
         }

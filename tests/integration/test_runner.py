@@ -349,13 +349,13 @@ async def test_trials_stop_when_the_model_stops_answering(tmp_path: Path) -> Non
     assert published == [] and not list((tmp_path / "trials").glob("*/trial-*/trial.json"))
 
 
-async def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_only_the_proxy(
-    tmp_path: Path, served_model: vllm_infra.VLLMServer
-) -> None:
-    # The runner's trial loop and proxy as an installed agent's run opens them (local.open_proxy: the proxy's Unix
-    # socket bound into the sandbox), in front of the worker's replica of the tiny model: the replica is not what
-    # this test is about (a run that starts its own: test_a_killed_run_resumes_without_redoing_or_losing_a_trial).
-    import socket
+async def installed_trial(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer, port: int, **values: Any
+) -> tuple[list[dict[str, Any]], Path]:
+    """One trial of write-done by tests/data/agents/sdk_agent.py (``port``: the host's port it tries) as an installed
+    agent, through the runner's trial loop and proxy as an installed agent's run opens them (local.open_proxy: the
+    proxy's Unix socket bound into the sandbox), in front of the worker's replica of the tiny model: the records
+    published and the trial's folder."""
     from contextlib import AsyncExitStack
 
     from runctl.config import load_config
@@ -367,12 +367,6 @@ async def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_o
     shutil.copytree(ROOT / "examples" / "tasks" / "write-done", task)
     shutil.copy(ROOT / "tests" / "data" / "agents" / "sdk_agent.py", task / "environment" / "sdk_agent.py")
     (task / "environment" / "Dockerfile").write_text("FROM runctl-base\nWORKDIR /app\nCOPY sdk_agent.py /opt/\n")
-    # A port on the host's loopback: the sandbox must not reach it.
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.settimeout(0)
-    port = listener.getsockname()[1]
     cfg = config(
         tmp_path,
         "infer-cpu.env",
@@ -380,6 +374,7 @@ async def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_o
         N_TRIALS=1,
         SCAFFOLD="installed",
         AGENT_COMMAND=f"'$RUNCTL_PYTHON /opt/sdk_agent.py {port}'",
+        **values,
     )
     run_config = load_config(cfg, environ={}).model
     records: list[dict[str, Any]] = []
@@ -387,24 +382,39 @@ async def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_o
     async def publish(record: dict[str, Any]) -> None:
         records.append(record)
 
+    async with AsyncExitStack() as stack:
+        proxy, settings = await open_proxy(stack, [served_model.url], loop_settings(run_config), served_model.key)
+        assert settings.socket_dir is not None and (settings.socket_dir / "proxy.sock").exists()
+        opened = open_backend(CONFIG_BACKENDS[run_config.backend], BackendSettings.of(run_config))
+        with opened as (backend, image_for):
+            _, _, tasks = select_tasks(run_config)  # as the runner loads them: trial folders by index id
+            labels = {"runctl.run": "installed"}
+            loop = TrialLoop(tasks, tmp_path / "trials", settings, backend, image_for, proxy, labels, publish)
+            await loop.run(await loop.recover(), asyncio.Event())
+            assert backend.list_owned(labels) == []
+        socket_dir = settings.socket_dir
+    assert not socket_dir.exists()  # the socket's folder goes with the proxy
+    return records, tmp_path / "trials" / "write-done" / "trial-0"
+
+
+async def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_only_the_proxy(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer
+) -> None:
+    # The replica is not what this test is about (a run that starts its own:
+    # test_a_killed_run_resumes_without_redoing_or_losing_a_trial).
+    import socket
+
+    # A port on the host's loopback: the sandbox must not reach it.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0)
     try:
-        async with AsyncExitStack() as stack:
-            proxy, settings = await open_proxy(stack, [served_model.url], loop_settings(run_config), served_model.key)
-            assert settings.socket_dir is not None and (settings.socket_dir / "proxy.sock").exists()
-            opened = open_backend(CONFIG_BACKENDS[run_config.backend], BackendSettings.of(run_config))
-            with opened as (backend, image_for):
-                _, _, tasks = select_tasks(run_config)  # as the runner loads them: trial folders by index id
-                labels = {"runctl.run": "installed"}
-                loop = TrialLoop(tasks, tmp_path / "trials", settings, backend, image_for, proxy, labels, publish)
-                await loop.run(await loop.recover(), asyncio.Event())
-                assert backend.list_owned(labels) == []
-            socket_dir = settings.socket_dir
-        assert not socket_dir.exists()  # the socket's folder goes with the proxy
+        records, folder = await installed_trial(tmp_path, served_model, listener.getsockname()[1])
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected
     finally:
         listener.close()
-    folder = tmp_path / "trials" / "write-done" / "trial-0"
     record = json.loads((folder / "trial.json").read_text())
     assert [r["termination_reason"] for r in records] == ["agent_completed"]
     assert record["agent"] == "installed" and record["termination_reason"] == "agent_completed"
@@ -417,6 +427,20 @@ async def test_an_installed_agent_uses_the_sdks_inside_its_sandbox_and_reaches_o
     # The proxy captured the agent's calls, both SDKs, in the trial's trajectory.
     turns = json.loads((folder / "trajectory.json").read_text())["turns"]
     assert [t["surface"] for t in turns] == ["openai.chat", "openai.chat", "anthropic.messages"]
+
+
+async def test_an_installed_agent_past_its_turns_is_refused_by_the_proxy_and_ends_max_turns(
+    tmp_path: Path, served_model: vllm_infra.VLLMServer
+) -> None:
+    # Two turns allowed: the agent's third call (its Anthropic one) is refused at the proxy, whatever the agent counts
+    # itself; it dies of that refusal, and the trial ends max_turns, its verifier run as for any ending.
+    records, folder = await installed_trial(tmp_path, served_model, 9, AGENT_MAX_ITERATIONS=2)
+    record = json.loads((folder / "trial.json").read_text())
+    assert [r["termination_reason"] for r in records] == ["max_turns"] and record["failure"] is None
+    assert record["reward"] == 1.0  # its command ran before the budget was spent
+    trajectory = json.loads((folder / "trajectory.json").read_text())
+    assert [t["surface"] for t in trajectory["turns"]] == ["openai.chat", "openai.chat"]
+    assert trajectory["max_turns"] == 2 and trajectory["refused_over_budget"] == 1
 
 
 @pytest.mark.timeout(600)  # runctl_run's own limit is 420 s

@@ -362,6 +362,47 @@ async def test_a_side_request_is_recorded_whole_and_kept_out_of_the_policys_sequ
     assert prompt_request(trajectory, 2) == {"messages": messages, "system": None, "tools": TOOLS}
 
 
+async def test_a_session_answers_its_turns_then_refuses_the_policys_next_call_on_both_surfaces(
+    proxy: ProxyServer, fake: FakeVLLM
+) -> None:
+    # A trial's budget held at the proxy, whatever the agent does with its own (OpenCode's step limit is advice to
+    # the model): two policy turns answered, side calls beside them not counted, then every policy call refused in
+    # the surface's own error, saying which setting gives more; a call that failed was not a turn.
+    session = proxy.open_session({"task": "t"}, max_turns=2)
+    ask = [{"role": "user", "content": "go"}]
+    port = int(fake.url.rsplit(":", 1)[1])
+    async with openai.AsyncOpenAI(base_url=session.openai_base_url, api_key="unused", max_retries=0) as client:
+        await client.chat.completions.create(model=MODEL, messages=ask)  # type: ignore[arg-type]
+        await fake.close()  # the replica is gone: this call fails, and is not a turn
+        with pytest.raises(openai.APIStatusError):
+            await client.chat.completions.create(model=MODEL, messages=ask)  # type: ignore[arg-type]
+        await fake.start(port)
+        assert await proxy.wait_ready(10)
+        await client.chat.completions.create(model=MODEL, messages=ask)  # type: ignore[arg-type]
+        side = await client.chat.completions.create(model=SIDE_MODEL, messages=ask)  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model=MODEL, messages=ask)  # type: ignore[arg-type]
+    anthropic_client = anthropic.AsyncAnthropic(base_url=session.anthropic_base_url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as refused_too:
+        await anthropic_client.messages.create(model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "go"}])
+    await anthropic_client.close()
+    assert side.choices[0].message.content
+    for caught in (refused, refused_too):
+        assert "turns are spent" in str(caught.value) and "AGENT_MAX_ITERATIONS" in str(caught.value)
+    trajectory = await proxy.close_session(session.id)
+    assert trajectory is not None
+    assert [t["side"] for t in trajectory["turns"]] == [False, False, True]
+    assert trajectory["max_turns"] == 2 and trajectory["refused_over_budget"] == 2
+    # Asked for over the admin API too; a budget that is not a whole number from 1 is refused.
+    async with httpx.AsyncClient(base_url=proxy.url, headers={"Authorization": "Bearer adm"}) as http:
+        opened = await http.post("/sessions", json={"max_turns": 3})
+        assert opened.status_code == 201
+        assert proxy.sessions.by_id[opened.json()["id"]].max_turns == 3
+        for bad in (0, "3", 2.5, True):
+            answer = await http.post("/sessions", json={"max_turns": bad})
+            assert answer.status_code == 400 and "max_turns" in answer.text, bad
+
+
 async def test_a_dead_replica_is_taken_out_and_comes_back(fake: FakeVLLM, tmp_path: Path) -> None:
     other = await FakeVLLM().start()
     port = other.server.port

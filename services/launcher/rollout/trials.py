@@ -201,7 +201,10 @@ class TrialLoop:
         loop = asyncio.get_running_loop()
         attempts = 0
         while True:
-            session = self.proxy.open_session({"task": task.id, "trial": k}) if self.proxy else None
+            # An agent in the sandbox counts its own turns, each scaffold in its way (OpenCode's step limit is advice
+            # to the model): its session answers AGENT_MAX_ITERATIONS of the policy's calls and refuses the next.
+            max_turns = self.settings.max_turns if self.settings.agent in IN_SANDBOX else None
+            session = self.proxy.open_session({"task": task.id, "trial": k}, max_turns) if self.proxy else None
             agent = self._agent(task, k, folder, session.openai_base_url if session else "")
             timed = TimedBackend(self.backend)
             labels = {**self.labels, "runctl.trial": f"{task.id}/{k}"}
@@ -224,6 +227,11 @@ class TrialLoop:
             )
         if trajectory is not None:
             (folder / TRAJECTORY).write_bytes(orjson.dumps(trajectory))
+        termination, failure = result.termination_reason, result.failure.model_dump() if result.failure else None
+        if trajectory and trajectory.get("refused_over_budget") and termination in ("agent_completed", "error"):
+            # It asked for a turn past its budget and was refused (its own ending is that refusal, or what it
+            # made of it): it ran out of turns.
+            termination, failure = "max_turns", None
         turns, tokens = getattr(agent, "turns", 0), dict(getattr(agent, "tokens", {}))
         model_s = getattr(agent, "model_seconds", 0.0)
         if self.settings.agent in IN_SANDBOX and trajectory is not None:  # it calls the proxy itself: count the capture
@@ -237,8 +245,8 @@ class TrialLoop:
             "trial": k,
             "reward": result.reward if result.reward_valid else None,
             "rewards": result.rewards,
-            "termination_reason": result.termination_reason,
-            "failure": result.failure.model_dump() if result.failure else None,
+            "termination_reason": termination,
+            "failure": failure,
             "agent": agent.name,
             "turns": turns,
             "tokens": tokens,
@@ -253,7 +261,7 @@ class TrialLoop:
         }
         if self.settings.bundle is not None:
             record["bundle"] = self.settings.bundle.record()
-        log.info("%s #%d: reward %s (%s) in %.2f s", task.id, k, record["reward"], result.termination_reason, wall)
+        log.info("%s #%d: reward %s (%s) in %.2f s", task.id, k, record["reward"], termination, wall)
         write_atomic(folder / RECORD, json.dumps(record, indent=2))
         return record
 

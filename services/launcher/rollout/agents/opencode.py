@@ -26,8 +26,9 @@ a last step that finished ``stop``   agent_completed   it answered without askin
 anything else, or no events          error             its exit code, or the reason its last step ended
 ===================================  ================  ====================================================
 
-OpenCode's step limit is advice to the model, not a stop: a model that goes on calling tools past it is ended by
-``AGENT_TIMEOUT_SEC``, the sandbox's limit on the command (``timeout``, its processes killed).
+OpenCode's step limit is advice to the model, not a stop: a model that goes on calling tools past it is refused its
+next turn by the trial's proxy session (which answers ``AGENT_MAX_ITERATIONS`` of the policy's calls), and the trial
+ends ``max_turns``.
 """
 
 from __future__ import annotations
