@@ -39,6 +39,12 @@ HEAD_NAME = "ray-head"
 """The head's record among the stack's owned groups (``$RUNCTL_HOME/owned/ray-head.json``)."""
 HEAD_START_TIMEOUT_S = 120.0
 HEAD_STOP_GRACE_S = 5.0
+#: How long a submission waits for the jobs server's dashboard agent, which registers after the jobs API answers:
+#: seconds on an idle head; on a loaded machine a CI run's first submission was refused for want of one.
+AGENT_WAIT_S = 120.0
+AGENT_RETRY_S = 2.0
+#: What the jobs server answers while it has no dashboard agent to hand a job to (Ray asks to try again later).
+NO_AGENT = "No available agent to submit job"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
 
@@ -163,23 +169,30 @@ class RayJobs:
         here, python = shlex.quote(os.getcwd()), shlex.quote(interpreter)
         entrypoint = f"cd {here} && exec {python} -m services.launcher.carry.job_main {team} {run_id}"
         client = self.client()
-        try:
-            client.submit_job(
-                entrypoint=entrypoint,
-                submission_id=submission_id,
-                runtime_env={"env_vars": env},
-                metadata={"runctl_run": run_id, "runctl_team": team},
-            )
-        except Exception as e:  # the SDK raises RuntimeError with the server's answer
-            where = f"the local head's log, {home() / 'logs' / 'ray-head.log'}" if self.head else "its head's logs"
-            raise LauncherError(
-                f"the Ray jobs server at {self.url} refused the runner of {run_id}: {e}. Fix: resubmit the run once "
-                f"the jobs server's dashboard agent answers (see {where}; the agent's own log, dashboard_agent.log, "
-                "is in the head's session folder).",
-                run_id=run_id,
-                team=team,
-            ) from e
-        return submission_id
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while True:
+            try:
+                client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=submission_id,
+                    runtime_env={"env_vars": env},
+                    metadata={"runctl_run": run_id, "runctl_team": team},
+                )
+                return submission_id
+            except Exception as e:  # the SDK raises RuntimeError with the server's answer
+                # No agent yet (it registers after the jobs API answers): Ray's own words are "try again later".
+                if NO_AGENT in str(e) and time.monotonic() < deadline:
+                    time.sleep(AGENT_RETRY_S)
+                    continue
+                waited = f" (for {AGENT_WAIT_S:.0f} s)" if NO_AGENT in str(e) else ""
+                where = f"the local head's log, {home() / 'logs' / 'ray-head.log'}" if self.head else "its head's logs"
+                raise LauncherError(
+                    f"the Ray jobs server at {self.url} refused the runner of {run_id}{waited}: {e}. Fix: resubmit the "
+                    f"run once the jobs server's dashboard agent answers (see {where}; the agent's own log, "
+                    "dashboard_agent.log, is in the head's session folder).",
+                    run_id=run_id,
+                    team=team,
+                ) from e
 
     def find(self, run_id: str) -> list[tuple[str, str]]:
         """(submission id, status) of every job of the run, oldest first."""
