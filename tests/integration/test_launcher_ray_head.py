@@ -51,8 +51,8 @@ def test_the_launchers_head_takes_a_job_while_rays_default_ports_are_taken(
         monkeypatch.delenv(name, raising=False)
     jobs = RayJobs()
     try:
-        client = jobs.client()  # starts the head and waits for its jobs server
-        submission = client.submit_job(entrypoint="true", submission_id="agent-port")
+        # Starts the head, waits for its jobs server, then for its dashboard agent.
+        submission = jobs.submit_entrypoint("true", "agent-port")
         deadline = time.monotonic() + 120
         while (status := jobs.status(submission)) not in TERMINAL and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -168,31 +168,38 @@ class RayJobs:
         interpreter = str(Path(venv) / "bin" / "python") if venv else sys.executable
         here, python = shlex.quote(os.getcwd()), shlex.quote(interpreter)
         entrypoint = f"cd {here} && exec {python} -m services.launcher.carry.job_main {team} {run_id}"
+        where = f"the local head's log, {home() / 'logs' / 'ray-head.log'}" if self.head else "its head's logs"
+        try:
+            self.submit_entrypoint(
+                entrypoint,
+                submission_id,
+                runtime_env={"env_vars": env},
+                metadata={"runctl_run": run_id, "runctl_team": team},
+            )
+        except Exception as e:  # the SDK raises RuntimeError with the server's answer
+            waited = f" (for {AGENT_WAIT_S:.0f} s)" if NO_AGENT in str(e) else ""
+            raise LauncherError(
+                f"the Ray jobs server at {self.url} refused the runner of {run_id}{waited}: {e}. Fix: resubmit the "
+                f"run once the jobs server's dashboard agent answers (see {where}; the agent's own log, "
+                "dashboard_agent.log, is in the head's session folder).",
+                run_id=run_id,
+                team=team,
+            ) from e
+        return submission_id
+
+    def submit_entrypoint(self, entrypoint: str, submission_id: str, **options: Any) -> str:
+        """Submit one job as Ray's SDK does, waiting up to ``AGENT_WAIT_S`` for the head's dashboard agent."""
         client = self.client()
         deadline = time.monotonic() + AGENT_WAIT_S
         while True:
             try:
-                client.submit_job(
-                    entrypoint=entrypoint,
-                    submission_id=submission_id,
-                    runtime_env={"env_vars": env},
-                    metadata={"runctl_run": run_id, "runctl_team": team},
-                )
-                return submission_id
-            except Exception as e:  # the SDK raises RuntimeError with the server's answer
+                return str(client.submit_job(entrypoint=entrypoint, submission_id=submission_id, **options))
+            except RuntimeError as e:
                 # No agent yet (it registers after the jobs API answers): Ray's own words are "try again later".
                 if NO_AGENT in str(e) and time.monotonic() < deadline:
                     time.sleep(AGENT_RETRY_S)
                     continue
-                waited = f" (for {AGENT_WAIT_S:.0f} s)" if NO_AGENT in str(e) else ""
-                where = f"the local head's log, {home() / 'logs' / 'ray-head.log'}" if self.head else "its head's logs"
-                raise LauncherError(
-                    f"the Ray jobs server at {self.url} refused the runner of {run_id}{waited}: {e}. Fix: resubmit the "
-                    f"run once the jobs server's dashboard agent answers (see {where}; the agent's own log, "
-                    "dashboard_agent.log, is in the head's session folder).",
-                    run_id=run_id,
-                    team=team,
-                ) from e
+                raise
 
     def find(self, run_id: str) -> list[tuple[str, str]]:
         """(submission id, status) of every job of the run, oldest first."""
