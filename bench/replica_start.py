@@ -1,13 +1,14 @@
 """How long a CPU replica of the tiny model takes to answer, as a run starts it, against vLLM's defaults.
 
-A run's replica on a machine without GPUs (``services/launcher/rollout/replicas.py``) runs its model in the engine
-core's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and compiles nothing (``TORCH_COMPILE_DISABLE=1``); vLLM's
-default starts a worker process of its own for it and, at the first request that asks for logprobs (every request
-of a run does), compiles its logprob op with torch's inductor. This script starts the server with the command line
-and environment a run gives it, and with vLLM's defaults, one after the other, ``--repeat`` times each, and for each
-prints the seconds until ``/health`` answers and a chat completion with logprobs returns, the CPU seconds and the
-memory of its processes at that point; then the ratios (runctl's layout over vLLM's default). Target: a ratio of
-start time at most 0.8.
+A run's replica on a machine without GPUs (``services/launcher/rollout/replicas.py``) forks its engine core from the
+API server (``runctl_replica_serve``), runs its model in the engine core's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and compiles nothing (``TORCH_COMPILE_DISABLE=1``); vLLM's default on CPU
+spawns the engine core (a second import of torch and vLLM), starts a worker process of its own for the model and, at
+the first request that asks for logprobs (every request of a run does), compiles its logprob op with torch's
+inductor. This script starts the server with the command line and environment a run gives it, and with vLLM's
+defaults, one after the other, ``--repeat`` times each, and for each prints the seconds until ``/health`` answers
+and a chat completion with logprobs returns, the CPU seconds and the memory of its processes at that point; then the
+ratios (runctl's layout over vLLM's default). Target: a ratio of start time at most 0.8.
 
     python bench/replica_start.py [--repeat 2] [--model .cache/tinymodel]
 """
@@ -36,7 +37,14 @@ from services.launcher.rollout.groupwatch import command_env  # noqa: E402
 from services.launcher.rollout.replicas import vllm_argv, vllm_env, with_guard  # noqa: E402
 
 TARGET_RATIO = 0.8
-LAYOUTS = {"runctl": {}, "vllm-default": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "TORCH_COMPILE_DISABLE": "0"}}
+LAYOUTS = {
+    "runctl": {},
+    "vllm-default": {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "TORCH_COMPILE_DISABLE": "0",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",  # what vLLM's CPU platform sets (runctl_replica_serve keeps it)
+    },
+}
 
 
 def group_usage(group: int) -> tuple[float, float]:

@@ -40,7 +40,7 @@ from tests.infra import shared
 #: What a process is, from its command line: the first pattern that matches names it.
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # The server itself, not the group watcher whose command line ends with the server's (a replica of a run).
-    ("vllm", re.compile(r"^\S+ -m vllm\.entrypoints\.openai\.api_server")),
+    ("vllm", re.compile(r"^\S+ -m (vllm\.entrypoints\.openai\.api_server|runctl_replica_serve)( |$)")),
     ("ray-head", re.compile(r"(^|/)gcs_server( |$)")),
     ("ray-node", re.compile(r"(^|/)raylet( |$)")),
     ("dockerd", re.compile(r"(^|/)dockerd( |$)")),

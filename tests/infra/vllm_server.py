@@ -75,7 +75,7 @@ def vllm_argv(model: Path, port: int, served_name: str = SERVED_NAME, max_model_
     from services.launcher.rollout.replicas import GUARD_MIDDLEWARE
 
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        sys.executable, "-m", "runctl_replica_serve", "--model", str(model),
         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", str(max_model_len), "--dtype", "float32", "--enforce-eager",
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--middleware", GUARD_MIDDLEWARE,

@@ -68,6 +68,41 @@ async def quiet_proxy(replica: VLLMServer, tmp_path: Path) -> AsyncIterator[Prox
         yield server
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if f"\nPPid:\t{pid}\n" in status.read_text():
+                found.append(int(status.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.timeout(SETUP_S)
+def test_a_cpu_replicas_engine_core_is_forked_from_its_server_not_spawned(replica: VLLMServer) -> None:
+    # runctl_replica_serve: a spawned engine core imports torch and vLLM again (about 15 CPU-s per replica). A process's
+    # first environment block is the one it was started with: a forked child's is its parent's (the part its process
+    # title did not overwrite); a spawned one is started with the environment the server had built by then (vLLM's
+    # CPU platform adds VLLM_WORKER_MULTIPROC_METHOD=spawn, LD_PRELOAD, NUMEXPR_MAX_THREADS and more).
+    proc = Path("/proc")
+    assert "runctl_replica_serve" in (proc / str(replica.proc.pid) / "cmdline").read_text()
+
+    def variables(pid: int) -> set[bytes]:
+        return {v for v in (proc / str(pid) / "environ").read_bytes().split(b"\0") if b"=" in v}
+
+    server = variables(replica.proc.pid)
+    engine = children(replica.proc.pid)
+    assert engine and all(variables(pid) and variables(pid) <= server for pid in engine), [
+        variables(pid) - server for pid in engine
+    ]
+    # and the forked engine core serves.
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
+    answer = httpx.post(f"{replica.url}/v1/chat/completions", json=body, headers=replica.headers, timeout=60)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0, answer.text
+
+
 @pytest.mark.timeout(SETUP_S + 120)
 async def test_plain_streaming_and_tool_calls_through_both_sdks(quiet_proxy: ProxyServer) -> None:
     session = quiet_proxy.open_session()

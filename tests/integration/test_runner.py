@@ -276,7 +276,7 @@ def test_a_replica_that_never_becomes_ready_fails_the_run_with_its_log_tail(tmp_
     assert end["data"]["phase"] == "replicas" and "VLLM_READY_TIMEOUT" in end["data"]["fix"]
     message = end["data"]["message"]
     assert "not ready after VLLM_READY_TIMEOUT=2s" in message and "vllm_server_0_0" in message
-    assert "vllm.entrypoints.openai.api_server" in message  # the tail of the replica's log: its command line first
+    assert "-m runctl_replica_serve" in message  # the tail of the replica's log: its command line first
     assert "Traceback" not in (run_dir / "events.jsonl").read_text()
     # The 2 s asked for were honoured (not the default 900 s): from the replicas phase to the end, the wait and the
     # stopping of the server only.

