@@ -332,6 +332,12 @@ class Bus:
             BusUnreachableError: no server answered.
         """
         target = nats_url(url)
+        if urlsplit(target).scheme in ("ws", "wss"):
+            raise BusUnreachableError(
+                masked_url(target),
+                "runctl talks to NATS over nats:// or tls://, not WebSocket; give the server's client port "
+                "(4222 unless its config says otherwise)",
+            )
         errors: list[Exception] = []
 
         async def remember(error: Exception) -> None:
