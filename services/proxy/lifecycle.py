@@ -62,7 +62,8 @@ class Lifecycle:
         try:
             body = _body(req)
             call = surface.call(body, self.models, self.upstream.learned_model())
-            if not self.models.is_side(body.get("model")):
+            side = self.models.is_side(body.get("model"))  # a side model's call is not one of the policy's turns
+            if not side:
                 if not session.admit_turn():
                     code = 400
                     resp.send(code, surface.error(code, over_budget(session), "invalid_request_error"))
@@ -77,7 +78,7 @@ class Lifecycle:
                     return
                 answer, groups = call.answer(obj)
                 resp.send(200, answer)
-                self._record(session, surface.name, body, groups, replica, started, None, obj.get("usage"))
+                self._record(session, surface.name, body, side, groups, replica, started, None, obj.get("usage"))
                 recorded = True
                 return
             replica, upstream = await self.upstream.send(session, surface.path, payload)
@@ -92,7 +93,7 @@ class Lifecycle:
                 capture = relay.capture
                 groups = relay.groups()
                 self._record(
-                    session, surface.name, body, groups, replica, started, capture.first_token_at, capture.usage
+                    session, surface.name, body, side, groups, replica, started, capture.first_token_at, capture.usage
                 )
                 recorded = True
             finally:
@@ -154,6 +155,7 @@ class Lifecycle:
         session: Session,
         surface: str,
         request: dict[str, Any],
+        side: bool,
         groups: Groups,
         replica: Replica,
         started: float,
@@ -163,7 +165,6 @@ class Lifecycle:
         now = time.time()
         replica.answered()
         to_first = None if first_token_at is None else first_token_at - started
-        side = self.models.is_side(request.get("model"))
         for prompt_ids, choices in groups:
             session.add_turn(
                 Turn(surface, request, prompt_ids, choices, replica.name, started, to_first, now - started, usage,
