@@ -112,6 +112,9 @@ class Launcher:
         self.job_carrier = JobCarrier(self.books, jobs, self.settings.run_logins) if jobs is not None else None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.cancels: dict[str, asyncio.Event] = {}
+        self.run_ends: dict[tuple[str, str], asyncio.Event] = {}
+        """(team, run id) of each run carried: set when its end event reaches this launcher (its job is polled every
+        second from then)."""
         self.cancel_by: dict[str, str] = {}
         self.teams = TeamRegistry(bus)
         self._scheduling = asyncio.Lock()
@@ -125,8 +128,11 @@ class Launcher:
             await self.cancel(event.team, event.runid, event.data.requested_by)
         elif self.evals is not None and isinstance(event.data, CheckpointSaved):
             await self.evals.on_checkpoint(event)
-        elif self.evals is not None and isinstance(event.data, ENDS):
-            await self.evals.on_end(event)
+        elif isinstance(event.data, ENDS):
+            if (event.team, event.runid) in self.run_ends:
+                self.run_ends[(event.team, event.runid)].set()
+            if self.evals is not None:
+                await self.evals.on_end(event)
 
     async def admit(self, event: Event) -> None:
         team, run_id = event.team, event.runid
@@ -234,12 +240,14 @@ class Launcher:
 
     def start(self, team: str, run_id: str, config: RunConfig, progress: dict[str, Any]) -> None:
         self.cancels[run_id] = asyncio.Event()
+        self.run_ends[(team, run_id)] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self.carry(team, run_id, config, progress))
         self.tasks[run_id] = task
 
         def ended(_: object) -> None:
             self.tasks.pop(run_id, None)
             self.cancels.pop(run_id, None)
+            self.run_ends.pop((team, run_id), None)
             if not self._stopped:
                 self._spawn_schedule()  # what it held is free: the queue may move
 
@@ -257,7 +265,8 @@ class Launcher:
             return self.cancel_by.get(run_id, "?")
 
         if self.job_carrier is not None and config.engine in JOB_ENGINES:
-            await self.job_carrier.carry(team, run_id, config, progress, cancelled, cancelled_by)
+            run_ended = self.run_ends.get((team, run_id))
+            await self.job_carrier.carry(team, run_id, config, progress, cancelled, cancelled_by, run_ended)
             await self.job_carrier.ended(team, run_id)
             return
         evals = self.evals
