@@ -153,7 +153,8 @@ class JobCarrier:
                     await asyncio.to_thread(self.jobs.stop, submission)
                     stop_sent = True
                 unset = [signal for signal in signals if not signal.is_set()]
-                await first_set(unset, JOB_IDLE_POLL_S if len(unset) == 2 else JOB_POLL_S)
+                idle = run_ended is not None and len(unset) == len(signals)
+                await first_set(unset, JOB_IDLE_POLL_S if idle else JOB_POLL_S)
                 status = await asyncio.to_thread(self.jobs.status, submission)
                 failing_since = None
             except LauncherError:

@@ -168,7 +168,6 @@ class RayJobs:
         interpreter = str(Path(venv) / "bin" / "python") if venv else sys.executable
         here, python = shlex.quote(os.getcwd()), shlex.quote(interpreter)
         entrypoint = f"cd {here} && exec {python} -m services.launcher.carry.job_main {team} {run_id}"
-        where = f"the local head's log, {home() / 'logs' / 'ray-head.log'}" if self.head else "its head's logs"
         try:
             self.submit_entrypoint(
                 entrypoint,
@@ -178,6 +177,7 @@ class RayJobs:
             )
         except Exception as e:  # the SDK raises RuntimeError with the server's answer
             waited = f" (for {AGENT_WAIT_S:.0f} s)" if NO_AGENT in str(e) else ""
+            where = f"the local head's log, {home() / 'logs' / 'ray-head.log'}" if self.head else "its head's logs"
             raise LauncherError(
                 f"the Ray jobs server at {self.url} refused the runner of {run_id}{waited}: {e}. Fix: resubmit the "
                 f"run once the jobs server's dashboard agent answers (see {where}; the agent's own log, "
