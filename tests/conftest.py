@@ -238,6 +238,14 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, inter
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (every thread's children, as ``/proc`` lists them)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
 async def login_refused(url: str, **login: str) -> str:
     """Why nats-server refused this login ("" when it let it in); the socket is closed either way."""
     import nats

@@ -16,7 +16,7 @@ import pytest
 
 from runctl.home import read_stack_state
 from runctl.ports import free_ports
-from tests.conftest import free_port, wait_until
+from tests.conftest import children, free_port, wait_until
 from tests.e2e.conftest import PREVIEW, RUNCTL, Cli, port_args
 
 pytestmark = pytest.mark.integration
@@ -112,13 +112,6 @@ def test_a_run_in_a_loopback_only_namespace_reaches_the_stack_through_the_relay(
     assert not Path(socket_path).exists()  # the host side removes its socket when it stops
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
     reason="a network namespace of its own needs root, unshare and ip",
@@ -133,7 +126,7 @@ def test_the_stack_can_run_its_launcher_in_a_loopback_only_namespace_of_its_own(
         state = read_stack_state(cli.home)
         assert state is not None and "bus-relay" in state.children
         wrapper = state.children["launcher"].pid
-        (launcher,) = _children(wrapper)
+        (launcher,) = children(wrapper)
         assert "services.launcher" in Path(f"/proc/{launcher}/cmdline").read_text()
         ours = os.readlink("/proc/self/ns/net")
         assert os.readlink(f"/proc/{launcher}/ns/net") != ours  # a namespace of its own

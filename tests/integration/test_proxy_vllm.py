@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from services.proxy.server import ProxyServer
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, children
 from tests.infra import vllm_server
 from tests.infra.vllm_server import SERVED_NAME, VLLMServer
 
@@ -66,18 +66,6 @@ async def quiet_proxy(replica: VLLMServer, tmp_path: Path) -> AsyncIterator[Prox
     async with server:
         assert await server.wait_ready(30)
         yield server
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            if f"\nPPid:\t{pid}\n" in status.read_text():
-                found.append(int(status.parent.name))
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 @pytest.mark.timeout(SETUP_S)

@@ -14,6 +14,7 @@ import pytest
 
 from services.launcher.carry import as_job, rayjob
 from services.launcher.carry.rayjob import LocalHead, RayJobs
+from tests.conftest import async_wait_until
 
 
 def test_concurrent_callers_share_one_local_head(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,13 +98,6 @@ class Jobs:
         self.stopped += 1
 
 
-async def until(condition: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        await asyncio.sleep(0.01)
-
-
 async def test_a_running_job_is_asked_after_seldom_and_every_poll_once_its_run_ended_or_is_cancelled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -117,7 +111,7 @@ async def test_a_running_job_is_asked_after_seldom_and_every_poll_once_its_run_e
     await asyncio.sleep(0.3)
     assert jobs.asked == 0  # fifteen of the short polls have passed: the job was not asked yet
     run_ended.set()  # the run's end event came: its job ends next
-    await until(lambda: jobs.asked >= 3)
+    await async_wait_until(lambda: jobs.asked >= 3, 10, "the job to be asked three times")
     began, asked = time.monotonic(), jobs.asked
     await asyncio.sleep(0.2)
     polls = (time.monotonic() - began) / 0.02
@@ -138,9 +132,9 @@ async def test_a_running_job_is_asked_after_seldom_and_every_poll_once_its_run_e
             await asyncio.sleep(0.2)
             assert jobs.asked == 0
         else:
-            await until(lambda jobs=jobs: jobs.asked >= 3)  # type: ignore[misc]
+            await async_wait_until(lambda jobs=jobs: jobs.asked >= 3, 10, "three asks")  # type: ignore[misc]
         cancelled.set()
-        await until(lambda jobs=jobs: jobs.stopped == 1)  # type: ignore[misc]
+        await async_wait_until(lambda jobs=jobs: jobs.stopped == 1, 10, "the stop")  # type: ignore[misc]
         began, asked = time.monotonic(), jobs.asked
         await asyncio.sleep(0.2)
         assert jobs.stopped == 1 and jobs.asked - asked <= (time.monotonic() - began) / 0.02 + 2
