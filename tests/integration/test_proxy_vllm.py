@@ -81,10 +81,8 @@ def test_a_cpu_replicas_engine_core_is_forked_from_its_server_not_spawned(replic
         return {v for v in (proc / str(pid) / "environ").read_bytes().split(b"\0") if b"=" in v}
 
     server = variables(replica.proc.pid)
-    engine = children(replica.proc.pid)
-    assert engine and all(variables(pid) and variables(pid) <= server for pid in engine), [
-        variables(pid) - server for pid in engine
-    ]
+    engine = [variables(pid) for pid in children(replica.proc.pid)]
+    assert engine and all(env and env <= server for env in engine), [env - server for env in engine]
     # and the forked engine core serves.
     body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
     answer = httpx.post(f"{replica.url}/v1/chat/completions", json=body, headers=replica.headers, timeout=60)
