@@ -33,7 +33,7 @@ Layer = Literal["default", "site", "run", "env"]
 LAYERS: tuple[Layer, ...] = ("default", "site", "run", "env")
 PLACEHOLDER = "CHANGEME"
 #: Keys a run may not change once ``site.env`` sets them.
-LOCKED_BY_SITE = ("VENV_PATH", "RAY_ADDRESS", "DOCKER_HOST", "KUBECONFIG", "K8S_NAMESPACE")
+LOCKED_BY_SITE = ("VENV_PATH", "RAY_ADDRESS", "DOCKER_HOST", "KUBECONFIG", "K8S_NAMESPACE", "K8S_BUNDLE_CLAIM")
 #: The ``site.env``-only key that lists more keys to lock (comma-separated).
 LOCKED_KEYS = "LOCKED_KEYS"
 REDACTED = "***"

@@ -18,6 +18,10 @@ RUN_TYPES: tuple[RunType, ...] = ("train", "eval", "infer")
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _TEAM = r"^[a-z][a-z0-9-]{0,31}$"
+#: A Kubernetes object name (DNS-1123 subdomain).
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+#: The scaffolds whose agent runs from a bundle (``runctl.bundles.SPECS``).
+BUNDLED_SCAFFOLDS = ("mswea", "cc", "oc", "ohsdk")
 
 
 class Section(BaseModel):
@@ -174,6 +178,11 @@ class AgentSection(Section):
     """How long a sandbox pod may take to become ready, in seconds."""
     pod_active_deadline_sec: int = Field(6000, ge=1)
     """Hard lifetime of a sandbox pod, in seconds, after which Kubernetes kills it."""
+    k8s_bundle_claim: str | None = Field(None, pattern=_K8S_NAME)
+    """BACKEND=k8s with a bundled scaffold (mswea, cc, oc, ohsdk): the PersistentVolumeClaim in K8S_NAMESPACE that
+    holds the runner's agent bundles folder (RUNCTL_AGENTS_DIR, filled by `runctl agents build`); each sandbox pod
+    mounts its bundle from it read-only. Like K8S_NAMESPACE, a fact of the cluster that site.env may set for every
+    run: other runs do not read it."""
 
     @model_validator(mode="after")
     def _installed_agent_has_a_command(self) -> AgentSection:
@@ -182,6 +191,18 @@ class AgentSection(Section):
                 "cross_field",
                 "SCAFFOLD=installed needs AGENT_COMMAND: the command that starts the agent inside the sandbox",
                 {"keys": ["SCAFFOLD", "AGENT_COMMAND"]},
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pods_find_their_bundle(self) -> AgentSection:
+        bundled = self.scaffold in BUNDLED_SCAFFOLDS
+        if self.backend == "k8s" and bundled and not self.k8s_bundle_claim:
+            raise PydanticCustomError(
+                "cross_field",
+                "SCAFFOLD={scaffold} on BACKEND=k8s needs K8S_BUNDLE_CLAIM: the PersistentVolumeClaim holding the "
+                "agent bundles (the runner's RUNCTL_AGENTS_DIR), which each sandbox pod mounts its bundle from",
+                {"keys": ["SCAFFOLD", "BACKEND", "K8S_BUNDLE_CLAIM"], "scaffold": self.scaffold},
             )
         return self
 

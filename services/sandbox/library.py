@@ -18,7 +18,7 @@ from typing import Literal
 from runctl.config.models import RunConfig
 from runctl.tasks import Task, load_task
 from services.sandbox.agents import Agent, AgentOutcome, make_agent
-from services.sandbox.backends.base import Backend, Sandbox, SandboxError
+from services.sandbox.backends.base import Attachable, Backend, ExecStream, Sandbox, SandboxError
 from services.sandbox.booked import booked
 from services.sandbox.ledger import LedgerEntry as SandboxEntry
 from services.sandbox.ledger import SandboxLedger, take_seat_within
@@ -29,6 +29,7 @@ __all__ = [
     "CONFIG_BACKENDS",
     "Agent",
     "AgentOutcome",
+    "Attachable",
     "Backend",
     "BackendSettings",
     "Sandbox",
@@ -38,6 +39,7 @@ __all__ = [
     "TrialLimits",
     "TrialRunner",
     "booked",
+    "ExecStream",
     "check_task",
     "docker_host",
     "kubeconfig_path",
@@ -69,10 +71,12 @@ class BackendSettings:
     namespace: str | None = None
     pod_startup_timeout_s: float = 1200.0
     pod_active_deadline_s: int = 6000
+    bundle_claim: str | None = None
 
     @classmethod
     def of(cls, config: RunConfig) -> BackendSettings:
-        """The settings a run's config names: IMAGE_REGISTRY, DOCKER_HOST, KUBECONFIG, K8S_NAMESPACE, POD_*."""
+        """The settings a run's config names: IMAGE_REGISTRY, DOCKER_HOST, KUBECONFIG, K8S_NAMESPACE, POD_*,
+        K8S_BUNDLE_CLAIM."""
         return cls(
             registry=config.image_registry,
             docker_host=config.docker_host,
@@ -80,6 +84,7 @@ class BackendSettings:
             namespace=config.k8s_namespace,
             pod_startup_timeout_s=float(config.pod_startup_timeout_sec),
             pod_active_deadline_s=config.pod_active_deadline_sec,
+            bundle_claim=config.k8s_bundle_claim,
         )
 
 
@@ -112,6 +117,7 @@ def open_backend(
             local.remove_cgroup_parents()
         return
     if name == "kubernetes":
+        from runctl.bundles import bundles_root
         from services.sandbox.backends.kubernetes_backend import KubernetesBackend
 
         kube = KubernetesBackend(
@@ -119,6 +125,8 @@ def open_backend(
             namespace=settings.namespace or SandboxSettings.from_env().k8s_namespace,
             startup_timeout_s=settings.pod_startup_timeout_s,
             active_deadline_s=settings.pod_active_deadline_s,
+            bundle_claim=settings.bundle_claim,
+            bundle_root=bundles_root(),
         )
         try:
             yield kube, lambda task: kube.task_image(task, registry)

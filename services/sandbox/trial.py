@@ -216,12 +216,13 @@ class TrialRunner:
         try:
             mark = time.monotonic()
             try:
+                binds_for = getattr(agent, "binds_for", None)  # an agent inside the sandbox, on the runner's side
                 spec = sandbox_spec(
                     task,
                     self.image_for(task),
                     labels or {},
                     network=self.limits.agent_network,
-                    binds=getattr(agent, "binds", ()),
+                    binds=binds_for(self.backend) if binds_for is not None else (),
                     limits=self.limits,
                 )
                 sandbox = self.backend.create(spec)

@@ -345,14 +345,6 @@ NOT_BUILT: tuple[NotBuilt, ...] = (
         "SCAFFOLD=terminal for ENGINE=verl, or ENGINE=local to train with an agent inside the sandbox",
     ),
     NotBuilt(
-        "SCAFFOLD",
-        lambda c: c.engine != "fake" and c.backend == "k8s" and c.scaffold in IN_SANDBOX_SCAFFOLDS,
-        "an agent inside the sandbox reaches its proxy session through the proxy's Unix socket and runs from its "
-        "bundle, both bound from the runner's machine, which a pod on another node cannot mount: the kubernetes "
-        "backend does not carry them yet",
-        "BACKEND=local or BACKEND=docker for an agent inside the sandbox, or SCAFFOLD=terminal on kubernetes",
-    ),
-    NotBuilt(
         "AGENT_NETWORK",
         lambda c: c.agent_network == "allowlist",
         "no sandbox backend enforces an egress allowlist yet",

@@ -6,12 +6,15 @@ It serves exactly the paths runctl calls, with the real API's shapes, status cod
 - ``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``  (allowed per the ``allowed`` verbs)
 - ``POST /apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies`` (201, 409 when it exists)
 - ``POST /api/v1/namespaces/{ns}/pods``, ``GET …/pods?labelSelector=``, ``GET/DELETE …/pods/{name}``
+- ``GET  /api/v1/namespaces/{ns}/persistentvolumeclaims/{name}``   (200 Bound, 404 Status)
 - ``GET  /api/v1/namespaces/{ns}/pods/{name}/exec`` upgraded to a websocket speaking the channel protocol
   (``v5.channel.k8s.io``, or v4): 0 stdin, 1 stdout, 2 stderr, 3 the exit Status, 255 close a channel.
 
 A pod is a real Docker container when the fake is given a Docker host: limits as the pod's ``limits``, no
-network when the deny-all NetworkPolicy selects the pod, capabilities dropped as its securityContext says.
-Without Docker, pods are records only (enough for the validator's probes).
+network when the deny-all NetworkPolicy selects the pod, capabilities dropped as its securityContext says, a
+volume of a claim as a bind of the folder the cluster's ``claims`` give that claim (``subPath`` below it, read-only
+as the mount says). An exec whose client goes closes the command's stdin, as the kubelet does. Without Docker,
+pods are records only (enough for the validator's probes).
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ class FakeCluster:
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     policies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     containers: dict[tuple[str, str], str] = field(default_factory=dict)
+    made: list[dict[str, Any]] = field(default_factory=list)
+    """Every pod created, as it was asked for (deleted ones too)."""
+    claims: dict[tuple[str, str], Path] = field(default_factory=dict)
+    """PersistentVolumeClaims, (namespace, name), each bound to a folder of this machine."""
+    claim_access: tuple[str, ...] = ("ReadOnlyMany",)
+    """The access modes every claim has."""
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
@@ -95,7 +104,34 @@ class FakeApi:
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self.read_pod)
         app.router.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self.delete_pod)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/exec", self.exec)
+        app.router.add_get("/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}", self.claim)
         return app
+
+    async def claim(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        if (ns, name) not in self.cluster.claims:
+            return _status(404, "NotFound", f'persistentvolumeclaims "{name}" not found')
+        body = {
+            "kind": "PersistentVolumeClaim",
+            "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"accessModes": list(self.cluster.claim_access), "resources": {"requests": {"storage": "10Gi"}}},
+            "status": {"phase": "Bound", "accessModes": list(self.cluster.claim_access)},
+        }
+        return web.json_response(body)
+
+    def _binds(self, ns: str, pod: dict[str, Any]) -> list[str]:
+        """Docker binds for the container's mounts of claim volumes (a claim the cluster lacks: KeyError)."""
+        claims = {
+            v["name"]: self.cluster.claims[(ns, v["persistentVolumeClaim"]["claimName"])]
+            for v in pod["spec"].get("volumes", [])
+            if "persistentVolumeClaim" in v
+        }
+        binds = []
+        for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
+            host = claims[mount["name"]] / mount.get("subPath", "")
+            binds.append(f"{host}:{mount['mountPath']}:{'ro' if mount.get('readOnly') else 'rw'}")
+        return binds
 
     async def namespace(self, request: web.Request) -> web.Response:
         name = request.match_info["ns"]
@@ -155,6 +191,7 @@ class FakeApi:
         )
         pod["status"] = {"phase": "Pending"}
         self.cluster.pods[(ns, name)] = pod
+        self.cluster.made.append(pod)
         if self.docker is not None:
             await asyncio.to_thread(self._start_container, ns, pod)
         return web.json_response(pod, status=201)
@@ -176,6 +213,7 @@ class FakeApi:
             security_opt=["no-new-privileges"] if security.get("allowPrivilegeEscalation") is False else None,
             read_only=bool(security.get("readOnlyRootFilesystem")),
             working_dir=spec.get("workingDir"),
+            volumes=self._binds(ns, pod),
             init=True,
         )
         self.cluster.containers[(ns, pod["metadata"]["name"])] = container.id
@@ -242,6 +280,11 @@ class FakeApi:
                     await asyncio.to_thread(sock.sendall, data)
                 elif channel == 255 and data[:1] == b"\x00":
                     sock.shutdown(socket.SHUT_WR)
+            if stdin:  # the client went: the command's stdin ends
+                try:
+                    sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
 
         reader = asyncio.create_task(from_client())
         try:

@@ -108,11 +108,56 @@ def test_a_task_without_a_prebuilt_image_is_refused(kube: tuple[KubernetesBacken
 
 
 def test_folders_of_the_runners_machine_are_refused_not_dropped(kube: tuple[KubernetesBackend, FakeKubeApi]) -> None:
-    """An in-sandbox agent's proxy socket and bundle are bound from the runner's machine; a pod cannot have them."""
+    """A pod binds nothing of the runner's machine: a bind that is not a bundle of the claim is refused."""
     backend, api = kube
-    with pytest.raises(SandboxError, match="cannot bind folders of the runner's machine"):
+    with pytest.raises(SandboxError, match="binds nothing of the runner's machine.*K8S_BUNDLE_CLAIM"):
         backend.create(spec(binds=(("/srv/bundle", "/runctl/bundle", True),)))
     assert backend.list_owned() == []
+
+
+def test_a_bundle_is_mounted_read_only_from_its_claim(
+    kube: tuple[KubernetesBackend, FakeKubeApi], tmp_path: Path
+) -> None:
+    """A bundle's folder under the runner's bundles folder becomes a read-only mount of the claim that holds that
+    folder (its name as the subPath); a claim the namespace lacks is refused before any pod waits for it."""
+    _, api = kube
+    root = tmp_path / "bundles"
+    (root / "mswea-2.4.6").mkdir(parents=True)
+    (root / "mswea-2.4.6" / "manifest.json").write_text('{"name": "mswea"}')
+    (root / "other-1").mkdir()
+    api.cluster.claims[("runctl", "agent-bundles")] = root
+    config = str(api.kubeconfig(tmp_path))
+
+    def claimed(claim: str) -> KubernetesBackend:
+        return KubernetesBackend(config, "runctl", startup_timeout_s=60, bundle_claim=claim, bundle_root=root)
+
+    backend = claimed("agent-bundles")
+    sandbox = backend.create(spec(binds=((str(root / "mswea-2.4.6"), "/runctl/bundle", True),)))
+    try:
+        pod = api.cluster.pods[("runctl", sandbox.handle)]
+        assert pod["spec"]["volumes"] == [
+            {"name": "runctl-bundles", "persistentVolumeClaim": {"claimName": "agent-bundles", "readOnly": True}}
+        ]
+        assert pod["spec"]["containers"][0]["volumeMounts"] == [
+            {"name": "runctl-bundles", "mountPath": "/runctl/bundle", "subPath": "mswea-2.4.6", "readOnly": True}
+        ]
+        assert backend.exec(sandbox, "cat /runctl/bundle/manifest.json; ls /runctl", 30).stdout == (
+            '{"name": "mswea"}bundle\n'
+        )  # that bundle alone: not the claim's other folders
+        planted = backend.exec(sandbox, "touch /runctl/bundle/planted", 30)
+        assert planted.exit_code != 0 and "Read-only" in planted.stderr
+    finally:
+        backend.destroy(sandbox)
+        backend.close()
+    for claim, bind, refusal in (
+        ("no-such-claim", root / "mswea-2.4.6", "no-such-claim .*does not exist in namespace runctl"),
+        ("agent-bundles", tmp_path, "binds nothing of the runner's machine"),  # not a bundle of the claim
+    ):
+        backend = claimed(claim)
+        with pytest.raises(SandboxError, match=refusal):
+            backend.create(spec(binds=((str(bind), "/runctl/bundle", True),)))
+        assert backend.list_owned() == []
+        backend.close()
 
 
 def test_bad_credentials_are_a_clear_error(tmp_path: Path) -> None:

@@ -233,6 +233,26 @@ def test_kubernetes_problems_are_fatal(
     assert expected in result.message + result.fix
 
 
+@pytest.mark.parametrize(
+    ("claim", "access", "severity", "words"),
+    [
+        ("agent-bundles", ("ReadOnlyMany",), "ok", "the bundle claim agent-bundles exists"),
+        ("absent", ("ReadOnlyMany",), "fatal", "the bundle claim absent (K8S_BUNDLE_CLAIM) does not exist"),
+        ("agent-bundles", ("ReadWriteOnce",), "warn", "pods on more than one node cannot mount it at once"),
+    ],
+    ids=["present", "missing", "one-node"],
+)
+def test_the_claim_a_bundled_agents_pods_mount_is_read(
+    tmp_path: Path, claim: str, access: tuple[str, ...], severity: str, words: str
+) -> None:
+    cluster = FakeCluster(claims={("runctl", "agent-bundles"): tmp_path}, claim_access=access)
+    with fake_kube_api(cluster) as api:
+        values = {"SCAFFOLD": "mswea", "MAX_MODEL_LEN": "4096", "K8S_BUNDLE_CLAIM": claim}
+        config = fake_config(tmp_path, BACKEND="k8s", KUBECONFIG=str(api.kubeconfig(tmp_path)), **values)
+        result = probe(config, "sandbox.kubernetes")
+    assert result.severity == severity and words in result.message, result
+
+
 def test_an_unreachable_kubernetes_api_is_skipped(tmp_path: Path) -> None:
     with fake_kube_api() as api:
         kubeconfig = api.kubeconfig(tmp_path)

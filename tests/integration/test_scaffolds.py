@@ -18,6 +18,7 @@ import pytest
 from runctl import bundles, tinymodel
 from tests.conftest import ROOT
 from tests.infra import vllm_server as vllm_infra
+from tests.infra.kube_api import FakeKubeApi
 from tests.integration.test_runner import config
 
 pytestmark = [
@@ -60,7 +61,8 @@ async def one_trial(
     tmp_path: Path, served_model: vllm_infra.VLLMServer, image: str | None = None, **values: Any
 ) -> tuple[Path, list[str]]:
     """One trial of examples' write-done task on the local backend (or ``BACKEND``'s, with the task's image built
-    ``FROM image``) with the runner's loop and proxy; its folder and the termination reasons published."""
+    ``FROM image``, or on kubernetes that image as the task's prebuilt one) with the runner's loop and proxy; its
+    folder and the termination reasons published."""
     from runctl.config import load_config
     from services.launcher.engines.local import loop_settings, open_proxy, select_tasks
     from services.launcher.rollout.trials import TrialLoop
@@ -68,7 +70,10 @@ async def one_trial(
 
     task = tmp_path / "tasks" / "write-done"
     shutil.copytree(ROOT / "examples" / "tasks" / "write-done", task)
-    if image is not None:
+    if image is not None and values.get("BACKEND") == "k8s":
+        toml = (task / "task.toml").read_text()
+        (task / "task.toml").write_text(toml.replace("[environment]", f'[environment]\ndocker_image = "{image}"'))
+    elif image is not None:
         (task / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
     cfg = config(tmp_path, "infer-cpu.env", INDEX_FILE=tmp_path / "tasks", N_TRIALS=1, **values)
     run_config = load_config(cfg, environ={}).model
@@ -271,6 +276,16 @@ ENDINGS_ON_1024 = {
 }
 
 
+def ended_as_on_1024(folder: Path, published: list[str], scaffold: str, bundle: bundles.Bundle) -> None:
+    """The trial in ``folder`` ran ``bundle`` and ended as the scaffold does on the 1024-token model."""
+    record = json.loads((folder / "trial.json").read_text())
+    reason, words = ENDINGS_ON_1024[scaffold]
+    assert record["bundle"] == bundle.record(), record
+    assert record["termination_reason"] == reason, record["failure"]
+    assert words in record["failure"]["message"]
+    assert published == [reason]
+
+
 @pytest.mark.parametrize("scaffold", sorted(ENDINGS_ON_1024))
 async def test_a_bundle_runs_in_a_docker_container_whose_image_has_glibc_and_nothing_else(
     tmp_path: Path, served_model: vllm_infra.VLLMServer, docker_host: str, scaffold: str, request: pytest.FixtureRequest
@@ -288,12 +303,44 @@ async def test_a_bundle_runs_in_a_docker_container_whose_image_has_glibc_and_not
         tmp_path, served_model, image, SCAFFOLD=scaffold, BACKEND="docker", DOCKER_HOST=docker_host,
         AGENT_MAX_ITERATIONS=3, SANDBOX_MEMORY_MB=1024,
     )  # fmt: skip
-    record = json.loads((folder / "trial.json").read_text())
-    reason, words = ENDINGS_ON_1024[scaffold]
-    assert record["bundle"] == bundle.record(), record
-    assert record["termination_reason"] == reason, record["failure"]
-    assert words in record["failure"]["message"]
-    assert published == [reason]
+    ended_as_on_1024(folder, published, scaffold, bundle)
+
+
+@pytest.fixture
+def kube_api(docker_host: str) -> Iterator[FakeKubeApi]:
+    """The fake Kubernetes API server (pods are Docker containers) with a claim bound to the bundles folder."""
+    from tests.infra.kube_api import FakeCluster, fake_kube_api
+
+    cluster = FakeCluster(docker_host=docker_host, claims={("runctl", "agent-bundles"): bundles.bundles_root()})
+    with fake_kube_api(cluster) as api:
+        yield api
+
+
+@pytest.mark.parametrize("scaffold", ["mswea", "cc"])
+async def test_a_bundle_runs_in_a_pod_reaching_its_session_over_the_exec_stream(
+    tmp_path: Path,
+    served_model: vllm_infra.VLLMServer,
+    kube_api: FakeKubeApi,
+    scaffold: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """BACKEND=k8s (the fake API server, whose pods are Docker containers): the bundle is mounted read-only from the
+    claim that holds the bundles folder, the pod has no network (the deny-all policy selects it), and the agent's
+    calls (Claude Code's first holds about 77,000 characters of prompt and tools) reach the proxy through the relay
+    carried over an exec stream: each scaffold ends as on the other backends, with vLLM's own words."""
+    from tests.infra import docker_daemon
+
+    bundle: bundles.Bundle = request.getfixturevalue(f"{scaffold}_bundle")
+    image = docker_daemon.ensure_base_image(str(kube_api.cluster.docker_host), docker_daemon.GLIBC_IMAGE)
+    folder, published = await one_trial(
+        tmp_path, served_model, image, SCAFFOLD=scaffold, BACKEND="k8s", KUBECONFIG=kube_api.kubeconfig(tmp_path),
+        K8S_BUNDLE_CLAIM="agent-bundles", AGENT_MAX_ITERATIONS=3, SANDBOX_MEMORY_MB=1024,
+    )  # fmt: skip
+    (pod,) = kube_api.cluster.made
+    ended_as_on_1024(folder, published, scaffold, bundle)
+    assert pod["metadata"]["labels"]["runctl.network"] == "no-network"
+    assert [v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"]] == ["agent-bundles"]
+    assert pod["spec"]["containers"][0]["volumeMounts"][0]["subPath"] == bundle.path.name
 
 
 async def test_a_bundle_in_an_image_without_glibc_ends_the_trial_at_set_up_saying_so(

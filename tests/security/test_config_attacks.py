@@ -90,7 +90,9 @@ def test_a_check_that_never_returns_fails_alone_and_the_others_still_run() -> No
     assert by_id["fine"].severity == "ok" and ran == ["fine"]
 
 
-@pytest.mark.parametrize("key", ["VENV_PATH", "RAY_ADDRESS", "DOCKER_HOST", "KUBECONFIG", "K8S_NAMESPACE", "LISTED"])
+@pytest.mark.parametrize(
+    "key", ["VENV_PATH", "RAY_ADDRESS", "DOCKER_HOST", "KUBECONFIG", "K8S_NAMESPACE", "K8S_BUNDLE_CLAIM", "LISTED"]
+)
 def test_a_run_cannot_change_a_key_site_env_locks(tmp_path: Path, key: str) -> None:
     site = {
         "VENV_PATH": "/opt/site-venv",
@@ -98,14 +100,17 @@ def test_a_run_cannot_change_a_key_site_env_locks(tmp_path: Path, key: str) -> N
         "DOCKER_HOST": "unix:///run/site/docker.sock",
         "KUBECONFIG": "/etc/site/kubeconfig",
         "K8S_NAMESPACE": "sandboxes",
+        "K8S_BUNDLE_CLAIM": "site-bundles",
         "MAX_RETRIES": "2",
     }
     site_text = "".join(f"{k}={v}\n" for k, v in site.items()) + "LOCKED_KEYS=MAX_RETRIES\n"
     target = "MAX_RETRIES" if key == "LISTED" else key
-    evil = {"MAX_RETRIES": "50"}.get(target, "/tmp/evil")
+    evil = {"MAX_RETRIES": "50", "K8S_BUNDLE_CLAIM": "other-team-bundles"}.get(target, "/tmp/evil")
+    # The claim is read only for a bundled scaffold's pods: the run is one.
+    pods = "BACKEND=k8s\nSCAFFOLD=mswea\nMAX_MODEL_LEN=4096\n" if target == "K8S_BUNDLE_CLAIM" else ""
 
     def resolve(value: str) -> object:
-        text = train_text() + f"{target}={value}\n"
+        text = train_text() + pods + f"{target}={value}\n"
         environ = {"RUNCTL_TEST_DATA": str(DATA)}
         return resolve_text(text, "train.env", site_text=site_text, site_path="site.env", environ=environ)
 

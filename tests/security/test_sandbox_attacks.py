@@ -181,7 +181,7 @@ def test_the_proxy_socket_is_reachable_but_read_only_inside_the_sandbox(tmp_path
     threading.Thread(target=answer, daemon=True).start()
     backend = LocalBackend(root=tmp_path / "sandboxes")
     # The binds the runner gives an installed agent's sandbox.
-    binds = InstalledAgent("true", "/sess/x", "tiny", folder, "python3", local_backend=False).binds
+    binds = InstalledAgent("true", "/sess/x", "tiny", folder, "python3", local_backend=False).binds_for(backend)
     sandbox = backend.create(SandboxSpec(f"sec-{uuid.uuid4().hex[:10]}", None, labels=dict(LABELS), binds=binds))
     try:
         swap = backend.exec(sandbox, "rm -f /runctl/proxy/proxy.sock; touch /runctl/proxy/other", 30)
@@ -211,8 +211,8 @@ def test_an_agent_cannot_change_its_bundle(tmp_path: Path) -> None:
     proxy.mkdir()
     from services.launcher.rollout.agents.bundled import BundledAgent
 
-    binds = BundledAgent(bundle, "/sess/x", "tiny", proxy, {}).binds
     backend = LocalBackend(root=tmp_path / "sandboxes")
+    binds = BundledAgent(bundle, "/sess/x", "tiny", proxy, {}).binds_for(backend)
     sandbox = backend.create(SandboxSpec(f"sec-{uuid.uuid4().hex[:10]}", None, labels=dict(LABELS), binds=binds))
     try:
         for attack in (

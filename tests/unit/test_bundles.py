@@ -240,12 +240,13 @@ def test_agents_build_refuses_one_version_for_several_agents_and_names_an_unknow
 
 
 def test_the_validator_and_the_runner_agree_on_which_agents_run_inside_the_sandbox() -> None:
+    from runctl.config.models import BUNDLED_SCAFFOLDS
     from services.launcher.rollout.agents.installed import IN_SANDBOX
     from services.launcher.rollout.trials import BUNDLED
     from services.validator.rules import IN_SANDBOX_SCAFFOLDS
 
     assert set(IN_SANDBOX) == set(IN_SANDBOX_SCAFFOLDS) == {"installed", *BUNDLED}
-    assert set(BUNDLED) == set(bundles.SPECS)
+    assert set(BUNDLED) == set(bundles.SPECS) == set(BUNDLED_SCAFFOLDS)
 
 
 def test_the_module_builds_on_the_standard_library_alone_before_runctls_environment_exists(tmp_path: Path) -> None:

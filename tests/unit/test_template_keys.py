@@ -57,6 +57,7 @@ HONOURED: dict[str, tuple[str, ...]] = {
     "K8S_NAMESPACE": ("services/sandbox/library.py", "services/validator/checks/sandbox_probes.py"),
     "POD_STARTUP_TIMEOUT_SEC": ("services/sandbox/library.py",),
     "POD_ACTIVE_DEADLINE_SEC": ("services/sandbox/library.py",),
+    "K8S_BUNDLE_CLAIM": ("services/sandbox/library.py", "services/validator/checks/sandbox_probes.py"),
     "OUTPUT_DIR": ("services/launcher/carry/lifecycle.py",),
     "VENV_PATH": ("services/launcher/rollout/replicas.py", "services/launcher/carry/as_job.py"),
     "LOGGER": ("services/validator/rules.py",),  # console only for ENGINE=local; anything else is refused below

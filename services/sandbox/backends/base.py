@@ -9,13 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from runctl.tasks import workdir_problem
 from services.sandbox.errors import SandboxError
 
 NetworkMode = Literal["no-network", "public", "allowlist"]
-__all__ = ["Backend", "ExecResult", "OwnedSandbox", "Sandbox", "SandboxError", "SandboxSpec"]
+__all__ = [
+    "Attachable",
+    "Backend",
+    "ExecResult",
+    "ExecStream",
+    "OwnedSandbox",
+    "Sandbox",
+    "SandboxError",
+    "SandboxSpec",
+]
 #: Label keys every sandbox carries (Docker labels, Kubernetes labels, the local backend's metadata).
 LABEL_PREFIX = "runctl."
 OWNER_LABEL = "runctl.owner"
@@ -45,7 +54,8 @@ class SandboxSpec:
     user: str | None = None
     binds: tuple[tuple[str, str, bool], ...] = ()
     """Host paths made visible inside: (host path, path inside, read-only). The runner binds the proxy's socket
-    folder for installed agents; nothing else does."""
+    folder and an agent's bundle for agents inside the sandbox; nothing else does. The kubernetes backend binds
+    nothing of the runner's machine: it mounts a bundle from its claim, and carries no socket."""
 
     def __post_init__(self) -> None:
         problem = workdir_problem(self.workdir)
@@ -120,4 +130,39 @@ class Backend(Protocol):
 
     def destroy_owned(self, owned: OwnedSandbox) -> None:
         """Remove a sandbox found by ``list_owned`` (the reaper's path: no live handle needed)."""
+        ...
+
+
+class ExecStream(Protocol):
+    """A command running in a sandbox whose stdin and stdout stay open: bytes both ways until either end closes."""
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` to the command's stdin (from any thread).
+
+        Raises:
+            OSError: the stream has ended.
+        """
+        ...
+
+    def read(self, timeout_s: float) -> bytes | None:
+        """What the command wrote to stdout since the last read, waiting up to ``timeout_s`` for some (b"" when
+        none came); None once the stream has ended."""
+        ...
+
+    def close(self) -> None:
+        """End the stream: the command's stdin closes."""
+        ...
+
+
+@runtime_checkable
+class Attachable(Protocol):
+    """A backend that binds nothing of the runner's machine into its sandboxes, so that what an agent inside must
+    reach (its proxy session) is carried over a stream to a command in the sandbox instead."""
+
+    def attach(self, sandbox: Sandbox, argv: list[str]) -> ExecStream:
+        """Start ``argv`` in the sandbox with its stdin and stdout as a stream.
+
+        Raises:
+            SandboxError: the command could not be started.
+        """
         ...

@@ -8,6 +8,10 @@
   in the namespace (made once, by this backend) selects.
 - Exec over the API's websocket channel protocol (v5: stdin can be closed); a timed-out command is killed inside
   the pod with its whole tree. Files move as tar streams through exec.
+- Nothing of the runner's machine is bound into a pod. An agent inside the sandbox runs from its bundle, mounted
+  read-only from a PersistentVolumeClaim that holds the runner's bundles folder (``K8S_BUNDLE_CLAIM``: the bundle's
+  folder as the mount's ``subPath``), and reaches its proxy session through a relay whose connections travel over
+  an exec stream (:meth:`KubernetesBackend.attach`), so the pod keeps the deny-all NetworkPolicy.
 
 No Kubernetes API server can run on our test machines: this backend is tested against a fake of exactly the API
 paths it calls (``tests/infra/kube_api.py``), whose pods are real Docker containers.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from runctl.tasks import Task
@@ -24,6 +29,7 @@ from services.sandbox.backends.base import (
     OUTPUT_LIMIT,
     SANDBOX_LABEL,
     ExecResult,
+    ExecStream,
     OwnedSandbox,
     Sandbox,
     SandboxError,
@@ -35,6 +41,7 @@ from services.sandbox.backends.tarexec import TarOverExec
 
 NETWORK_LABEL = "runctl.network"
 DENY_ALL_POLICY = "runctl-no-network"
+BUNDLE_VOLUME = "runctl-bundles"
 POLL_S = 0.25
 _LABEL_VALUE_MAX = 63
 
@@ -54,7 +61,11 @@ class KubernetesBackend(TarOverExec):
         namespace: str = "runctl",
         startup_timeout_s: float = 1200,
         active_deadline_s: int = 6000,
+        bundle_claim: str | None = None,
+        bundle_root: Path | None = None,
     ) -> None:
+        """``bundle_claim``: the PersistentVolumeClaim that holds, at its root, what ``bundle_root`` (the runner's
+        bundles folder) holds; a bind of a folder directly under ``bundle_root`` becomes a read-only mount of it."""
         from kubernetes import client, config
 
         from services.sandbox.settings import kubeconfig_path
@@ -76,6 +87,9 @@ class KubernetesBackend(TarOverExec):
         self.startup_timeout_s = startup_timeout_s
         self.active_deadline_s = active_deadline_s
         self._policy_made = False
+        self.bundle_claim = bundle_claim
+        self.bundle_root = bundle_root
+        self._claim_seen = False
 
     def close(self) -> None:
         self.api_client.close()
@@ -132,11 +146,7 @@ class KubernetesBackend(TarOverExec):
             raise SandboxError(
                 "the kubernetes backend cannot enforce an egress allowlist yet; use no-network or public"
             )
-        if spec.binds:
-            raise SandboxError(
-                "the kubernetes backend cannot bind folders of the runner's machine into a pod (an in-sandbox agent's "
-                "proxy socket and bundle); use BACKEND=local or docker for it"
-            )
+        mounts = self._bundle_mounts(spec.binds)
         if spec.network == "no-network":
             self._ensure_deny_all()
         name = f"runctl-{spec.sandbox_id}"[:63].rstrip("-")
@@ -157,6 +167,11 @@ class KubernetesBackend(TarOverExec):
         }
         if spec.workdir:
             container["workingDir"] = spec.workdir
+        volumes: list[dict[str, Any]] = []
+        if mounts:
+            container["volumeMounts"] = mounts
+            claim = {"claimName": self.bundle_claim, "readOnly": True}
+            volumes.append({"name": BUNDLE_VOLUME, "persistentVolumeClaim": claim})
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -168,6 +183,7 @@ class KubernetesBackend(TarOverExec):
                 "enableServiceLinks": False,
                 "activeDeadlineSeconds": self.active_deadline_s,
                 "terminationGracePeriodSeconds": 0,
+                **({"volumes": volumes} if volumes else {}),
             },
         }
         self._api("creating pod " + name, self.core.create_namespaced_pod, self.namespace, pod)
@@ -182,6 +198,44 @@ class KubernetesBackend(TarOverExec):
             self.destroy(sandbox)
             raise
         return sandbox
+
+    def _bundle_mounts(self, binds: tuple[tuple[str, str, bool], ...]) -> list[dict[str, Any]]:
+        """The pod's read-only mounts of the bundle claim for ``binds``, each a bundle's folder (refused otherwise).
+
+        Raises:
+            SandboxError: a bind of anything else, no claim set, or a claim the namespace does not have.
+        """
+        mounts: list[dict[str, Any]] = []
+        claim, root = self.bundle_claim, self.bundle_root
+        for host, inside, _ in binds:
+            folder = Path(host).resolve()
+            if claim is None or root is None or folder.parent != root.resolve():
+                raise SandboxError(
+                    f"the kubernetes backend binds nothing of the runner's machine into a pod ({host} at {inside}). "
+                    "An agent's bundle is mounted from the claim K8S_BUNDLE_CLAIM names, which holds the runner's "
+                    "bundles folder: set it (docs/security.md, 'Kubernetes sandboxes'), or use BACKEND=local or docker"
+                )
+            mounts.append({"name": BUNDLE_VOLUME, "mountPath": inside, "subPath": folder.name, "readOnly": True})
+        if claim is not None and mounts and not self._claim_seen:
+            self._check_claim(claim)
+            self._claim_seen = True
+        return mounts
+
+    def _check_claim(self, claim: str) -> None:
+        """Refuse a claim the namespace lacks, before a pod waits for it for the whole start-up timeout."""
+        from kubernetes.client import ApiException
+
+        try:
+            self.core.read_namespaced_persistent_volume_claim(claim, self.namespace, _request_timeout=60)
+        except ApiException as e:
+            if e.status == 404:
+                raise SandboxError(
+                    f"the bundle claim {claim} (K8S_BUNDLE_CLAIM) does not exist in namespace {self.namespace}: every "
+                    "pod would wait for it. Create the PersistentVolumeClaim holding the bundles (ReadOnlyMany), or "
+                    "name the one that does"
+                ) from None
+            if e.status != 403:  # may not read claims: the pod's own start says if it is missing
+                raise SandboxError(f"reading claim {claim} failed: {e.status} {_message(e.body)}") from None
 
     def _wait_running(self, name: str) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -241,19 +295,25 @@ class KubernetesBackend(TarOverExec):
             raise SandboxError("the kubernetes backend runs commands as the image's user; set it in the image")
         return self._timed_exec(sandbox.handle, prefix + command, timeout_s)
 
-    def _run(
-        self, pod: str, argv: list[str], timeout_s: float, *, stdin: bytes | None = None, limit: int = OUTPUT_LIMIT
-    ) -> tuple[int, Capture, Capture, bool]:
+    def attach(self, sandbox: Sandbox, argv: list[str]) -> ExecStream:
+        return PodStream(self._exec_socket(sandbox.handle, argv, stdin=True))
+
+    def _exec_socket(self, pod: str, argv: list[str], stdin: bool) -> Any:
+        """The websocket of ``argv`` run in the pod (stdout and stderr always; stdin when asked).
+
+        Raises:
+            SandboxError: the API would not start it.
+        """
         from kubernetes.stream import stream
 
         try:
-            ws = stream(
+            return stream(
                 self.core.connect_get_namespaced_pod_exec,
                 pod,
                 self.namespace,
                 command=argv,
                 container="sandbox",
-                stdin=stdin is not None,
+                stdin=stdin,
                 stdout=True,
                 stderr=True,
                 tty=False,
@@ -262,6 +322,11 @@ class KubernetesBackend(TarOverExec):
             )
         except Exception as e:  # the client wraps every connection failure in ApiException(status=0)
             raise SandboxError(f"exec in pod {pod} failed: {e}") from None
+
+    def _run(
+        self, pod: str, argv: list[str], timeout_s: float, *, stdin: bytes | None = None, limit: int = OUTPUT_LIMIT
+    ) -> tuple[int, Capture, Capture, bool]:
+        ws = self._exec_socket(pod, argv, stdin=stdin is not None)
         out, err = Capture(limit), Capture(limit)
         try:
             if stdin is not None:
@@ -282,6 +347,54 @@ class KubernetesBackend(TarOverExec):
             ws.close()
             raw = getattr(ws.sock, "sock", None)
             if raw is not None:  # the client leaves the socket open when the server closed first
+                raw.close()
+
+
+class PodStream:
+    """An exec's websocket as an :class:`ExecStream`: stdin out, stdout in; stderr kept (the last 64 KiB)."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.stderr = Capture(1 << 16)
+        self._broken = False
+
+    def _open(self) -> bool:
+        return not self._broken and bool(self.ws.is_open())
+
+    def write(self, data: bytes) -> None:
+        if not self._open():
+            raise OSError("the exec stream has ended")
+        try:
+            self.ws.write_stdin(data)
+        except Exception as e:  # websocket-client's own errors, or the socket's
+            raise OSError(f"the exec stream has ended ({e})") from None
+
+    def read(self, timeout_s: float) -> bytes | None:
+        if self._broken:
+            return None
+        try:
+            if self.ws.is_open():
+                self.ws.update(timeout=timeout_s)
+            data: bytes = self.ws.read_stdout(timeout=0) or b""
+            self.stderr.add(self.ws.read_stderr(timeout=0) or b"")
+            self.ws.read_all()  # the client keeps a copy of all it got (its API call takes no switch): drop it
+        except Exception:  # the connection broke: nothing more will come
+            self._broken = True
+            return None
+        if data:
+            return data
+        return b"" if self._open() else None
+
+    def close(self) -> None:
+        try:
+            if self._open():
+                self.ws.close_channel(0)
+        except Exception:
+            pass
+        finally:
+            self.ws.close()
+            raw = getattr(self.ws.sock, "sock", None)
+            if raw is not None:
                 raw.close()
 
 

@@ -273,11 +273,24 @@ def kubernetes_api(ctx: Context) -> Verdict:
         api_client = _kube_client(ctx)
     except (ConfigException, OSError, ValueError) as e:
         return skip(f"no Kubernetes credentials ({e})")
+    claim = c.k8s_bundle_claim
+    modes: list[str] | None = None
     try:
         host = api_client.configuration.host  # type: ignore[attr-defined]
-        client.CoreV1Api(api_client).read_namespace(ns, _request_timeout=PROBE_TIMEOUT_S)
+        core = client.CoreV1Api(api_client)
+        core.read_namespace(ns, _request_timeout=PROBE_TIMEOUT_S)
         allowed = _can_create_pods(api_client, ns)
+        if claim:
+            found = core.read_namespaced_persistent_volume_claim(claim, ns, _request_timeout=PROBE_TIMEOUT_S)
+            modes = list(found.spec.access_modes or []) if found.spec else []
     except client.ApiException as e:
+        if e.status == 404 and claim and "persistentvolumeclaims" in str(e.body):
+            return fatal(
+                f"the bundle claim {claim} (K8S_BUNDLE_CLAIM) does not exist in namespace {ns} on {host}: every "
+                "sandbox pod would wait for it.",
+                "create the PersistentVolumeClaim holding the runner's agent bundles (ReadOnlyMany), or name the one "
+                "that does.",
+            )
         if e.status == 404:
             return fatal(f"namespace {ns} does not exist on {host}.", f"create it (kubectl create namespace {ns}).")
         return fatal(
@@ -293,4 +306,11 @@ def kubernetes_api(ctx: Context) -> Verdict:
             f"these credentials may not create pods in namespace {ns} on {host}.",
             "grant them a Role with create/get/list/delete on pods and pods/exec in that namespace.",
         )
-    return ok(f"Kubernetes API at {host} answers; namespace {ns} exists and pods may be created")
+    if modes is not None and not {"ReadOnlyMany", "ReadWriteMany"} & set(modes):
+        return warn(
+            f"the bundle claim {claim} is {', '.join(modes) or 'of no access mode'}: pods on more than one node "
+            "cannot mount it at once, so sandboxes scheduled elsewhere wait.",
+            "give the bundles a ReadOnlyMany (or ReadWriteMany) claim.",
+        )
+    with_claim = f"; the bundle claim {claim} exists" if claim else ""
+    return ok(f"Kubernetes API at {host} answers; namespace {ns} exists and pods may be created{with_claim}")

@@ -1,10 +1,12 @@
 """Installed agents (``SCAFFOLD=installed``): a program inside the sandbox, started with ``AGENT_COMMAND``, that
 calls the model through its trial's proxy session like any OpenAI or Anthropic client would.
 
-The sandbox keeps its network off. The runner's proxy also listens on a Unix socket whose folder is bound into the
-sandbox at ``/runctl/proxy``; a small relay (``relay.py``, standard library only) started in the same command as the
-agent listens on ``127.0.0.1:RELAY_PORT`` inside the sandbox and carries each connection to that socket. So the
-agent reaches the proxy — its own session, under an unguessable token — and nothing else.
+The sandbox keeps its network off. The runner's proxy also listens on a Unix socket; a small relay (``relay.py``,
+standard library only) listens on ``127.0.0.1:RELAY_PORT`` inside the sandbox and carries each connection to that
+socket. On a backend that binds the runner's folders (local, Docker) the socket's folder is bound at
+``/runctl/proxy`` and the relay starts in the same command as the agent; on one that binds nothing (kubernetes) the
+relay runs in an exec of its own whose stdin and stdout carry the connections to the runner (``tunnel.py``), which
+dials the socket. So the agent reaches the proxy — its own session, under an unguessable token — and nothing else.
 
 The agent gets, in its environment: ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL`` (its session), ``OPENAI_API_KEY``
 / ``ANTHROPIC_API_KEY`` (placeholders: the session token is the credential), ``RUNCTL_MODEL`` (the served model's
@@ -21,7 +23,8 @@ import sys
 from pathlib import Path
 
 from runctl.tasks import Task
-from services.sandbox.library import AgentOutcome, Backend, Sandbox
+from services.launcher.rollout.agents.tunnel import Tunnel
+from services.sandbox.library import AgentOutcome, Attachable, Backend, Sandbox
 
 RELAY_PORT = 8377
 #: The agents that run inside the sandbox and reach the proxy through the relay (the rest call it from the runner).
@@ -55,9 +58,16 @@ class InstalledAgent:
         self.session_path = session_path  # /sess/<token>
         self.model = model
         self.python = python
-        own: tuple[tuple[str, str, bool], ...] = ((str(socket_dir), SOCKET_DIR_INSIDE, True),)
-        self.binds = own + binds + (python_binds() if local_backend and not binds else ())
+        self.socket_dir = socket_dir
+        self.own_binds = binds + (python_binds() if local_backend and not binds else ())
         self.env = env or {}
+
+    def binds_for(self, backend: Backend) -> tuple[tuple[str, str, bool], ...]:
+        """What the sandbox binds: the proxy socket's folder (read-only), unless the relay's connections travel over
+        an exec stream on this backend, and the agent's own (its bundle)."""
+        if isinstance(backend, Attachable):
+            return self.own_binds
+        return ((str(self.socket_dir), SOCKET_DIR_INSIDE, True), *self.own_binds)
 
     def setup(self, backend: Backend, sandbox: Sandbox, task: Task) -> None:
         here = Path(__file__).parent
@@ -87,15 +97,21 @@ class InstalledAgent:
             "RUNCTL_PYTHON": self.python,
         }
         ready = "/tmp/.runctl-relay-ready"
-        relay = f"{self.python_command()} {AGENT_DIR_INSIDE}/relay.py 127.0.0.1:{RELAY_PORT} "
-        relay += f"{SOCKET_DIR_INSIDE}/{SOCKET_NAME} {ready}"
-        script = (
-            f"{relay} 2>/logs/agent/relay.txt & relay=$!; i=0; "
-            f"while [ ! -e {ready} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done; "
+        relay = f"{self.python_command()} {AGENT_DIR_INSIDE}/relay.py 127.0.0.1:{RELAY_PORT}"
+        wait = (
+            f"i=0; while [ ! -e {ready} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done; "
             f"[ -e {ready} ] || {{ echo 'the relay to the proxy did not start' >&2; exit 97; }}; "
-            f"( {self.command} ) > /logs/agent/installed.txt 2>&1; rc=$?; kill $relay 2>/dev/null; exit $rc"
         )
-        result = backend.exec(sandbox, script, timeout_s, user=task.config.agent.user, env=env)
+        agent = f"( {self.command} ) > /logs/agent/installed.txt 2>&1"
+        if isinstance(backend, Attachable):
+            # The relay's stdin and stdout are the tunnel: its errors go to its log, as on the other backends.
+            stream = backend.attach(sandbox, ["sh", "-c", f"exec {relay} - {ready} 2>/logs/agent/relay.txt"])
+            with Tunnel(stream, self.socket_dir / SOCKET_NAME):
+                result = backend.exec(sandbox, wait + agent, timeout_s, user=task.config.agent.user, env=env)
+        else:
+            start = f"{relay} {SOCKET_DIR_INSIDE}/{SOCKET_NAME} {ready} 2>/logs/agent/relay.txt & relay=$!; "
+            script = start + wait + f"{agent}; rc=$?; kill $relay 2>/dev/null; exit $rc"
+            result = backend.exec(sandbox, script, timeout_s, user=task.config.agent.user, env=env)
         if result.timed_out:
             return AgentOutcome("timeout", ("agent_budget", f"the installed agent ran past {timeout_s:.0f} s"))
         if result.exit_code == 97:
