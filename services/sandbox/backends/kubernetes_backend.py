@@ -344,18 +344,23 @@ class KubernetesBackend(TarOverExec):
             err.add(ws.read_stderr(timeout=0) or b"")
             return _exit_code(ws.read_channel(3)), out, err, False
         finally:
-            ws.close()
-            raw = getattr(ws.sock, "sock", None)
-            if raw is not None:  # the client leaves the socket open when the server closed first
-                raw.close()
+            _close(ws)
+
+
+def _close(ws: Any) -> None:
+    """Close an exec's websocket, and its socket: the client leaves that open when the server closed first."""
+    ws.close()
+    raw = getattr(ws.sock, "sock", None)
+    if raw is not None:
+        raw.close()
 
 
 class PodStream:
-    """An exec's websocket as an :class:`ExecStream`: stdin out, stdout in; stderr kept (the last 64 KiB)."""
+    """An exec's websocket as an :class:`ExecStream`: stdin out, stdout in (stderr dropped: the relay writes its own
+    to a log in the sandbox)."""
 
     def __init__(self, ws: Any) -> None:
         self.ws = ws
-        self.stderr = Capture(1 << 16)
         self._broken = False
 
     def _open(self) -> bool:
@@ -376,8 +381,9 @@ class PodStream:
             if self.ws.is_open():
                 self.ws.update(timeout=timeout_s)
             data: bytes = self.ws.read_stdout(timeout=0) or b""
-            self.stderr.add(self.ws.read_stderr(timeout=0) or b"")
-            self.ws.read_all()  # the client keeps a copy of all it got (its API call takes no switch): drop it
+            # The client keeps a copy of all it got (its API call takes no switch) and every other channel's
+            # bytes: drop them.
+            self.ws.read_all()
         except Exception:  # the connection broke: nothing more will come
             self._broken = True
             return None
@@ -392,10 +398,7 @@ class PodStream:
         except Exception:
             pass
         finally:
-            self.ws.close()
-            raw = getattr(self.ws.sock, "sock", None)
-            if raw is not None:
-                raw.close()
+            _close(self.ws)
 
 
 def _exit_code(status: bytes | str) -> int:

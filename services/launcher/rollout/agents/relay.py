@@ -49,13 +49,21 @@ def pump(source: socket.socket, sink: socket.socket) -> None:
             pass
 
 
-def serve(client: socket.socket, path: str) -> None:
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def dial(path: str) -> socket.socket | None:
+    """A connection to the Unix socket at ``path`` (the proxy's), or None when it cannot be made."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        upstream.connect(path)
+        sock.connect(path)
     except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def serve(client: socket.socket, path: str) -> None:
+    upstream = dial(path)
+    if upstream is None:
         client.close()
-        upstream.close()
         return
     back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
     back.start()

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from services.launcher.rollout.agents.relay import Mux, ProtocolError
+from services.launcher.rollout.agents.relay import Mux, ProtocolError, dial
 from services.sandbox.library import ExecStream
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,7 @@ class Tunnel:
         self.close()
 
     def _dial(self) -> socket.socket | None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(str(self.socket_path))
-        except OSError:
-            sock.close()
-            return None
-        return sock
+        return dial(str(self.socket_path))
 
     def _carry(self) -> None:
         try:
